@@ -1,0 +1,84 @@
+// The run configuration: typed structs per section, loaded from YAML plus `key=value`
+// overrides, validated once (all problems reported together, with file:line), printable.
+// Defaults live here, in the member initialisers, and nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "headroom/core/json.h"
+
+namespace headroom {
+
+enum class CacheMode { none, ram, disk };
+enum class OnError { skip, fail };
+
+// An integer setting that may be "auto", resolved where the run knows the machine.
+struct AutoInt {
+  bool is_auto = true;
+  int64_t value = 0;
+  int64_t resolve(int64_t automatic) const { return is_auto ? automatic : value; }
+};
+
+struct DataConfig {
+  std::string dataset;              // data YAML (Ultralytics layout); resolved from the CWD
+  int imgsz = 640;                  // square canvas the loader letterboxes into
+  AutoInt workers;                  // decode threads; auto = min(cores, 8); 0 = caller's thread
+  int prefetch = 4;                 // decoded batches kept ready ahead of the consumer
+  CacheMode cache = CacheMode::none;
+  OnError on_error = OnError::skip;
+  int64_t max_pixels = 89478485;    // decompression-bomb limit (PIL's default)
+};
+
+struct TrainConfig {
+  int batch = 16;                   // micro-batch the loader collates
+};
+
+struct LogConfig {
+  std::string level = "info";
+};
+
+struct Config {
+  std::string name = "exp";         // run directory name under `project`
+  std::string project = "runs";
+  bool exist_ok = false;            // reuse runs/<name> instead of picking a new name
+  std::string device = "auto";      // auto | cpu | cuda | cuda:N
+  AutoInt threads;                  // intra-op threads; auto = all cores
+  int64_t seed = 0;
+
+  DataConfig data;
+  TrainConfig train;
+  LogConfig log;
+
+  // Where each key's value came from ("configs/x.yaml:4:3", "command line", or absent when
+  // it is the default), so later errors about a value can point at it.
+  std::map<std::string, std::string> origin;
+  std::string source;               // the config file, "" when built from defaults only
+
+  std::string where(const std::string& key) const;
+};
+
+// Description of one key, for `trainer config --keys`, docs and tests.
+struct ConfigKeyInfo {
+  std::string path;      // "train.batch"
+  std::string type;      // "int", "int | auto", "enum", ...
+  std::string allowed;   // "1 .. 65536", "none | ram | disk"
+  std::string default_text;
+  std::string doc;
+};
+const std::vector<ConfigKeyInfo>& config_keys();
+
+// Loads `path` (empty: defaults only) then applies `overrides` ("train.batch=16"). Throws
+// InputError listing every problem, each with its file:line:column or argument.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The resolved configuration, every key, as YAML that load_config reads back unchanged.
+std::string config_to_yaml(const Config& c);
+Json config_to_json(const Config& c);
+
+const char* to_string(CacheMode m);
+const char* to_string(OnError e);
+
+}  // namespace headroom

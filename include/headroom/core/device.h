@@ -1,0 +1,46 @@
+// Device policy: what CUDA this build and machine offer, and which device a run gets.
+// Training never lands on the CPU silently: `auto` falling back warns with the reason,
+// an explicit CUDA request that cannot be met is a DeviceError (exit code 2).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "headroom/core/json.h"
+
+namespace headroom {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int64_t total_memory = 0;   // bytes
+  int major = 0, minor = 0;   // compute capability
+};
+
+struct CudaStatus {
+  bool built = false;        // this binary and its LibTorch carry CUDA
+  bool available = false;    // ... and a driver and at least one device answered
+  std::string reason;        // why not available (empty when available)
+  std::vector<GpuInfo> devices;
+  bool cudnn = false;
+  int64_t cudnn_version = 0;
+  std::string runtime_version;  // CUDA runtime the binary was built with, "" without CUDA
+};
+
+// Asks the CUDA runtime (when built with CUDA); cheap enough to call at start-up.
+CudaStatus query_cuda();
+
+struct DeviceChoice {
+  c10::Device device = c10::Device(c10::kCPU);
+  std::string warning;       // non-empty when `auto` fell back to the CPU: say it loudly
+};
+
+// `spec` is auto | cpu | cuda | cuda:N. Throws DeviceError saying why and how to fix it.
+DeviceChoice resolve_device(const std::string& spec, const CudaStatus& cuda);
+
+Json cuda_status_json(const CudaStatus& s);
+
+}  // namespace headroom

@@ -1,0 +1,15 @@
+// Console + run-directory log file, through spdlog. Call sites use spdlog::info/warn directly.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace headroom {
+
+// Console sink on stderr at `level` (trace | debug | info | warn | error).
+void init_logging(const std::string& level);
+// Also writes everything at `level` to `path` (appends: a resumed run keeps its history).
+void add_log_file(const std::string& path);
+
+}  // namespace headroom

@@ -1,0 +1,29 @@
+// Small string utilities shared by config, data parsing and reports.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace headroom {
+
+std::string_view trim(std::string_view s);
+std::vector<std::string_view> split_whitespace(std::string_view s);
+std::string to_lower(std::string_view s);
+bool ends_with(std::string_view s, std::string_view suffix);
+
+// Strict number parsing: the whole (trimmed) text must be the number.
+std::optional<int64_t> parse_int(std::string_view s);
+std::optional<double> parse_double(std::string_view s);
+
+// Edit distance, for "did you mean" suggestions.
+size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate closest to `word`, or "" when none is plausibly what was meant.
+std::string nearest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+// "1.5 GiB", "512 B": binary units, 3 significant digits.
+std::string format_bytes(double bytes);
+
+}  // namespace headroom

@@ -1,0 +1,235 @@
+#include "headroom/core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <set>
+
+#include "config_schema.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/text.h"
+
+namespace headroom {
+namespace {
+
+const ConfigKey* find_key(const std::string& path) {
+  for (const auto& k : config_schema())
+    if (k.info.path == path) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> keys_under(const std::string& section) {
+  std::vector<std::string> out;
+  for (const auto& k : config_schema())
+    if (k.info.path.rfind(section + ".", 0) == 0) out.push_back(k.info.path);
+  return out;
+}
+
+std::string leaf_of(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+// "did you mean" for an unknown key: the same leaf in another section first ("batch" ->
+// "train.batch"), then the nearest spelling of the whole path.
+std::string suggest_key(const std::string& path) {
+  std::vector<std::string> paths;
+  for (const auto& k : config_schema()) {
+    paths.push_back(k.info.path);
+    if (leaf_of(k.info.path) == leaf_of(path)) return k.info.path;
+  }
+  return nearest_match(path, paths);
+}
+
+std::string unknown_key_message(const std::string& path) {
+  const std::string near = suggest_key(path);
+  if (!near.empty()) return path + ": unknown key; did you mean " + near + "?";
+  return path + ": unknown key (docs/config.md lists every key)";
+}
+
+class Loader {
+ public:
+  explicit Loader(Config& c) : c_(c) {}
+
+  void load_file(const std::string& file) {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(file);
+    } catch (const YAML::BadFile&) {
+      throw InputError(file + ": cannot open the config file (does it exist, is it readable?)");
+    } catch (const YAML::ParserException& e) {
+      throw InputError(format_location(file, e.mark.line + 1, e.mark.column + 1) +
+                       ": YAML syntax error: " + e.msg);
+    }
+    if (root.IsNull()) return;  // an empty file means "all defaults"
+    if (!root.IsMap()) {
+      add(format_location(file, root.Mark().line + 1, root.Mark().column + 1),
+          "the config must be a mapping of keys (like 'train: {batch: 16}'), got a " +
+              std::string(root.IsSequence() ? "list" : "single value"));
+      return;
+    }
+    walk(root, "", file);
+  }
+
+  void apply_override(const std::string& arg) {
+    const std::string where = "command line '" + arg + "'";
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      add(where, "expected key=value, e.g. train.batch=16");
+      return;
+    }
+    const std::string path(trim(arg.substr(0, eq)));
+    YAML::Node value;
+    try {
+      value = YAML::Load(arg.substr(eq + 1));
+    } catch (const YAML::ParserException& e) {
+      add(where, path + ": the value is not valid YAML: " + e.msg);
+      return;
+    }
+    set(path, value, where);
+  }
+
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  void add(const std::string& where, const std::string& msg) { problems_.push_back(where + ": " + msg); }
+
+  void set(const std::string& path, const YAML::Node& value, const std::string& where) {
+    if (const ConfigKey* key = find_key(path)) {
+      const std::string problem = key->set(c_, value);
+      if (problem.empty())
+        c_.origin[path] = where;
+      else
+        add(where, path + ": " + problem);
+    } else if (!keys_under(path).empty()) {
+      std::string keys;
+      for (const auto& k : keys_under(path)) keys += (keys.empty() ? "" : ", ") + k;
+      add(where, path + " is a section, not a value; set its keys: " + keys);
+    } else {
+      add(where, unknown_key_message(path));
+    }
+  }
+
+  void walk(const YAML::Node& map, const std::string& prefix, const std::string& file) {
+    for (const auto& kv : map) {
+      const YAML::Mark m = kv.first.Mark();
+      const std::string where = format_location(file, m.line + 1, m.column + 1);
+      if (!kv.first.IsScalar()) {
+        add(where, "keys must be plain words");
+        continue;
+      }
+      const std::string path = prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar();
+      if (!seen_.emplace(path, where).second) {
+        add(where, path + ": given twice (first at " + seen_[path] + ")");
+        continue;
+      }
+      if (!find_key(path) && !keys_under(path).empty() && (kv.second.IsMap() || kv.second.IsNull())) {
+        if (kv.second.IsMap()) walk(kv.second, path, file);
+        continue;
+      }
+      set(path, kv.second, where);
+    }
+  }
+
+  Config& c_;
+  std::vector<std::string> problems_;
+  std::map<std::string, std::string> seen_;
+};
+
+void check_paths(const Config& c, std::vector<std::string>& problems) {
+  if (!c.data.dataset.empty() && !std::filesystem::is_regular_file(c.data.dataset))
+    problems.push_back(c.where("data.dataset") + ": data.dataset: '" + c.data.dataset +
+                       "' is not a file (relative paths are resolved from " +
+                       std::filesystem::current_path().string() + ")");
+}
+
+}  // namespace
+
+std::string Config::where(const std::string& key) const {
+  const auto it = origin.find(key);
+  return it == origin.end() ? "default " + key : it->second;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  c.source = path;
+  Loader loader(c);
+  if (!path.empty()) loader.load_file(path);
+  for (const auto& o : overrides) loader.apply_override(o);
+  std::vector<std::string> problems = loader.problems();
+  if (problems.empty()) check_paths(c, problems);
+  if (!problems.empty()) {
+    std::string msg = problems.size() == 1 ? "invalid configuration:"
+                                           : std::to_string(problems.size()) + " problems in the configuration:";
+    for (const auto& p : problems) msg += "\n  " + p;
+    throw InputError(msg);
+  }
+  return c;
+}
+
+namespace {
+
+void emit_scalar(YAML::Emitter& out, const Json& v) {
+  if (v.is_bool()) out << v.as_bool();
+  else if (v.is_number()) out << static_cast<long long>(v.as_number());
+  else out << v.as_string();
+}
+
+// Keys grouped as top-level values first, then one mapping per section, in schema order.
+template <class Fn>
+void for_each_section(Fn&& fn) {
+  std::vector<std::string> sections{""};
+  for (const auto& k : config_schema()) {
+    const size_t dot = k.info.path.find('.');
+    const std::string s = dot == std::string::npos ? "" : k.info.path.substr(0, dot);
+    if (std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
+  }
+  for (const auto& s : sections) {
+    std::vector<const ConfigKey*> keys;
+    for (const auto& k : config_schema()) {
+      const size_t dot = k.info.path.find('.');
+      if ((dot == std::string::npos ? "" : k.info.path.substr(0, dot)) == s) keys.push_back(&k);
+    }
+    fn(s, keys);
+  }
+}
+
+}  // namespace
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for_each_section([&](const std::string& section, const std::vector<const ConfigKey*>& keys) {
+    if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    for (const ConfigKey* k : keys) {
+      out << YAML::Key << leaf_of(k->info.path) << YAML::Value;
+      emit_scalar(out, k->get(c));
+    }
+    if (!section.empty()) out << YAML::EndMap;
+  });
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+Json config_to_json(const Config& c) {
+  Json root = Json::object();
+  for_each_section([&](const std::string& section, const std::vector<const ConfigKey*>& keys) {
+    Json& target = section.empty() ? root : root[section];
+    if (!section.empty()) target = Json::object();
+    for (const ConfigKey* k : keys) target[leaf_of(k->info.path)] = k->get(c);
+  });
+  return root;
+}
+
+const char* to_string(CacheMode m) {
+  switch (m) {
+    case CacheMode::none: return "none";
+    case CacheMode::ram: return "ram";
+    case CacheMode::disk: return "disk";
+  }
+  return "?";
+}
+
+const char* to_string(OnError e) { return e == OnError::skip ? "skip" : "fail"; }
+
+}  // namespace headroom

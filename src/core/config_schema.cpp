@@ -1,0 +1,235 @@
+#include "config_schema.h"
+
+#include <regex>
+
+#include "headroom/core/text.h"
+
+namespace headroom {
+namespace {
+
+std::string node_kind(const YAML::Node& n) {
+  if (n.IsMap()) return "a mapping";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "nothing (null)";
+  return "'" + n.Scalar() + "'";
+}
+
+std::string range_text(int64_t lo, int64_t hi) {
+  return std::to_string(lo) + " .. " + std::to_string(hi);
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// Integer with a range; `multiple` > 1 also requires divisibility (image sizes by the stride).
+template <class T, class F>
+ConfigKey int_key(std::string path, F field, int64_t lo, int64_t hi, std::string doc,
+                  int64_t multiple = 1) {
+  std::string allowed = range_text(lo, hi);
+  if (multiple > 1) allowed += ", a multiple of " + std::to_string(multiple);
+  ConfigKey k{{path, "int", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    const auto v = n.IsScalar() ? parse_int(n.Scalar()) : std::nullopt;
+    if (!v) return "expected an integer (" + allowed + "), got " + node_kind(n);
+    if (*v < lo || *v > hi) return "value " + std::to_string(*v) + " is out of range; allowed: " + allowed;
+    if (*v % multiple != 0)
+      return std::to_string(*v) + " is not a multiple of " + std::to_string(multiple) + "; allowed: " + allowed;
+    field(c) = static_cast<T>(*v);
+    return "";
+  };
+  k.get = [=](const Config& c) { return Json(static_cast<int64_t>(field(const_cast<Config&>(c)))); };
+  return k;
+}
+
+// Integer or "auto".
+template <class F>
+ConfigKey auto_int_key(std::string path, F field, int64_t lo, int64_t hi, std::string doc) {
+  const std::string allowed = "auto or " + range_text(lo, hi);
+  ConfigKey k{{path, "int | auto", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (n.IsScalar() && n.Scalar() == "auto") {
+      field(c) = AutoInt{true, 0};
+      return "";
+    }
+    const auto v = n.IsScalar() ? parse_int(n.Scalar()) : std::nullopt;
+    if (!v) return "expected 'auto' or an integer (" + range_text(lo, hi) + "), got " + node_kind(n);
+    if (*v < lo || *v > hi)
+      return "value " + std::to_string(*v) + " is out of range; allowed: " + allowed;
+    field(c) = AutoInt{false, *v};
+    return "";
+  };
+  k.get = [=](const Config& c) {
+    const AutoInt& a = field(const_cast<Config&>(c));
+    return a.is_auto ? Json("auto") : Json(a.value);
+  };
+  return k;
+}
+
+template <class F>
+ConfigKey bool_key(std::string path, F field, std::string doc) {
+  ConfigKey k{{path, "bool", "true | false", "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    const std::string s = n.IsScalar() ? to_lower(n.Scalar()) : "";
+    if (s == "true" || s == "yes" || s == "on") field(c) = true;
+    else if (s == "false" || s == "no" || s == "off") field(c) = false;
+    else return "expected true or false, got " + node_kind(n);
+    return "";
+  };
+  k.get = [=](const Config& c) { return Json(static_cast<bool>(field(const_cast<Config&>(c)))); };
+  return k;
+}
+
+// Free text, optionally checked by `check` (returns the problem or "").
+template <class F>
+ConfigKey string_key(std::string path, F field, std::string allowed, std::string doc,
+                     std::function<std::string(const std::string&)> check = nullptr) {
+  ConfigKey k{{path, "string", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (!n.IsScalar()) return "expected a string (" + allowed + "), got " + node_kind(n);
+    if (check) {
+      const std::string problem = check(n.Scalar());
+      if (!problem.empty()) return problem;
+    }
+    field(c) = n.Scalar();
+    return "";
+  };
+  k.get = [=](const Config& c) { return Json(field(const_cast<Config&>(c))); };
+  return k;
+}
+
+// One of a fixed set of words; `aliases` maps other spellings (YAML booleans) to a word.
+template <class E, class F>
+ConfigKey enum_key(std::string path, F field, std::vector<std::pair<std::string, E>> values,
+                   std::string doc, std::vector<std::pair<std::string, E>> aliases = {}) {
+  std::vector<std::string> names;
+  for (const auto& [name, e] : values) names.push_back(name);
+  const std::string allowed = join(names, " | ");
+  ConfigKey k{{path, "enum", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (!n.IsScalar()) return "expected one of " + allowed + ", got " + node_kind(n);
+    const std::string s = n.Scalar();
+    for (const auto& list : {values, aliases})
+      for (const auto& [name, e] : list)
+        if (name == s) {
+          field(c) = e;
+          return "";
+        }
+    std::string msg = "'" + s + "' is not allowed; use one of " + allowed;
+    const std::string near = nearest_match(s, names);
+    if (!near.empty()) msg += " (did you mean '" + near + "'?)";
+    return msg;
+  };
+  k.get = [=](const Config& c) {
+    const E e = field(const_cast<Config&>(c));
+    for (const auto& [name, v] : values)
+      if (v == e) return Json(name);
+    return Json();
+  };
+  return k;
+}
+
+std::string check_device(const std::string& s) {
+  static const std::regex re("auto|cpu|cuda|cuda:[0-9]+");
+  if (std::regex_match(s, re)) return "";
+  return "'" + s + "' is not a device; use auto, cpu, cuda or cuda:N (N = device index)";
+}
+
+std::string check_name(const std::string& s) {
+  if (s.empty() || s == "." || s == ".." || s.find('/') != std::string::npos)
+    return "'" + s + "' is not a run name; use a plain folder name without '/'";
+  return "";
+}
+
+std::string check_nonempty(const std::string& s) {
+  return s.empty() ? "must not be empty" : "";
+}
+
+std::vector<ConfigKey> build_schema() {
+  std::vector<ConfigKey> keys = {
+      // Run
+      string_key("name", [](Config& c) -> std::string& { return c.name; }, "a folder name",
+                 "Run directory name under `project`; a free name (exp2, exp3...) is picked "
+                 "when it exists and `exist_ok` is false.", check_name),
+      string_key("project", [](Config& c) -> std::string& { return c.project; }, "a path",
+                 "Folder that holds run directories.", check_nonempty),
+      bool_key("exist_ok", [](Config& c) -> bool& { return c.exist_ok; },
+               "Reuse `project/name` when it exists instead of picking a new name."),
+      string_key("device", [](Config& c) -> std::string& { return c.device; },
+                 "auto | cpu | cuda | cuda:N",
+                 "Training device. `auto` takes cuda:0 when CUDA works and otherwise warns, "
+                 "naming the reason, before using the CPU; an explicit CUDA request that "
+                 "cannot be met exits with code 2.", check_device),
+      auto_int_key("threads", [](Config& c) -> AutoInt& { return c.threads; }, 1, 1024,
+                   "Intra-op CPU threads for LibTorch; auto = all cores."),
+      int_key<int64_t>("seed", [](Config& c) -> int64_t& { return c.seed; }, 0,
+                       (int64_t{1} << 62), "Seed for shuffling and every random choice."),
+      // data
+      string_key("data.dataset", [](Config& c) -> std::string& { return c.data.dataset; },
+                 "path to a data YAML",
+                 "Data set description in the Ultralytics data-YAML layout (path, train, val, "
+                 "names); see docs/data.md. Relative paths are resolved from the working "
+                 "directory."),
+      int_key<int>("data.imgsz", [](Config& c) -> int& { return c.data.imgsz; }, 32, 8192,
+                   "Square canvas (pixels) every image is letterboxed into.", 32),
+      auto_int_key("data.workers", [](Config& c) -> AutoInt& { return c.data.workers; }, 0, 256,
+                   "Decode threads; auto = min(cores, 8); 0 decodes on the consumer's thread."),
+      int_key<int>("data.prefetch", [](Config& c) -> int& { return c.data.prefetch; }, 1, 64,
+                   "Decoded batches kept ready ahead of the consumer."),
+      enum_key<CacheMode>("data.cache", [](Config& c) -> CacheMode& { return c.data.cache; },
+                          {{"none", CacheMode::none}, {"ram", CacheMode::ram},
+                           {"disk", CacheMode::disk}},
+                          "Decoded-image cache: ram holds letterboxed images in memory (checked "
+                          "against free memory first); disk writes a memory-mapped shard beside "
+                          "the data, rebuilt when the images or the canvas change. Ultralytics' "
+                          "`true`/`false` mean ram/none.",
+                          {{"true", CacheMode::ram}, {"false", CacheMode::none},
+                           {"True", CacheMode::ram}, {"False", CacheMode::none}}),
+      enum_key<OnError>("data.on_error", [](Config& c) -> OnError& { return c.data.on_error; },
+                        {{"skip", OnError::skip}, {"fail", OnError::fail}},
+                        "A corrupt image or label: skip it with a warning naming the file "
+                        "(counted in the summary), or stop."),
+      int_key<int64_t>("data.max_pixels", [](Config& c) -> int64_t& { return c.data.max_pixels; },
+                       1, int64_t{1} << 40,
+                       "Images whose header claims more pixels are refused before decoding "
+                       "(decompression bombs)."),
+      // train
+      int_key<int>("train.batch", [](Config& c) -> int& { return c.train.batch; }, 1, 65536,
+                   "Images per micro-batch collated by the loader."),
+      // log
+      string_key("log.level", [](Config& c) -> std::string& { return c.log.level; },
+                 "trace | debug | info | warn | error",
+                 "Console and log-file verbosity.",
+                 [](const std::string& s) -> std::string {
+                   for (const char* l : {"trace", "debug", "info", "warn", "error"})
+                     if (s == l) return "";
+                   return "'" + s + "' is not a log level; use trace, debug, info, warn or error";
+                 }),
+  };
+  const Config defaults;
+  for (auto& k : keys) {
+    const Json v = k.get(defaults);
+    k.info.default_text = v.is_string() ? v.as_string() : v.dump();
+  }
+  return keys;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_schema() {
+  static const std::vector<ConfigKey> schema = build_schema();
+  return schema;
+}
+
+const std::vector<ConfigKeyInfo>& config_keys() {
+  static const std::vector<ConfigKeyInfo> infos = [] {
+    std::vector<ConfigKeyInfo> v;
+    for (const auto& k : config_schema()) v.push_back(k.info);
+    return v;
+  }();
+  return infos;
+}
+
+}  // namespace headroom

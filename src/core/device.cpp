@@ -1,0 +1,72 @@
+#include "headroom/core/device.h"
+
+#include "headroom/core/errors.h"
+#include "headroom/core/text.h"
+
+namespace headroom {
+
+#ifndef HEADROOM_WITH_CUDA
+CudaStatus query_cuda() {
+  CudaStatus s;
+  s.reason =
+      "this build links a CPU-only LibTorch; build against a CUDA LibTorch (make test-cuda "
+      "shows how: -DCMAKE_PREFIX_PATH=<libtorch with CUDA>)";
+  return s;
+}
+#endif
+
+DeviceChoice resolve_device(const std::string& spec, const CudaStatus& cuda) {
+  DeviceChoice choice;
+  if (spec == "cpu") return choice;
+  if (spec == "auto") {
+    if (cuda.available) {
+      choice.device = c10::Device(c10::kCUDA, 0);
+    } else {
+      choice.warning = "device auto: NO GPU, running on the CPU because " + cuda.reason +
+                       ". Set device: cpu to silence this, or fix CUDA to train on the GPU.";
+    }
+    return choice;
+  }
+  int index = 0;
+  if (spec != "cuda") {
+    const auto n = spec.rfind("cuda:", 0) == 0 ? parse_int(spec.substr(5)) : std::nullopt;
+    if (!n || *n < 0) throw DeviceError("device '" + spec + "' is not valid; use auto, cpu, cuda or cuda:N");
+    index = static_cast<int>(*n);
+  }
+  if (!cuda.available)
+    throw DeviceError("device " + spec + " requested, but CUDA is not usable: " + cuda.reason +
+                      ". Use device: cpu (or auto) to run on the CPU.");
+  if (index >= static_cast<int>(cuda.devices.size())) {
+    std::string list;
+    for (const auto& d : cuda.devices)
+      list += (list.empty() ? "" : ", ") + ("cuda:" + std::to_string(d.index) + " (" + d.name + ")");
+    throw DeviceError("device " + spec + " requested, but this machine has " +
+                      std::to_string(cuda.devices.size()) + " CUDA device(s): " + list +
+                      ". Pick one of those (CUDA_VISIBLE_DEVICES renumbers them from 0).");
+  }
+  choice.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return choice;
+}
+
+Json cuda_status_json(const CudaStatus& s) {
+  Json j = Json::object();
+  j["built"] = s.built;
+  j["available"] = s.available;
+  if (!s.reason.empty()) j["reason"] = s.reason;
+  j["runtime_version"] = s.runtime_version;
+  j["cudnn"] = s.cudnn;
+  j["cudnn_version"] = s.cudnn_version;
+  Json devices = Json::array();
+  for (const auto& d : s.devices) {
+    Json dj = Json::object();
+    dj["index"] = d.index;
+    dj["name"] = d.name;
+    dj["total_memory"] = d.total_memory;
+    dj["compute_capability"] = std::to_string(d.major) + "." + std::to_string(d.minor);
+    devices.push_back(std::move(dj));
+  }
+  j["devices"] = std::move(devices);
+  return j;
+}
+
+}  // namespace headroom
