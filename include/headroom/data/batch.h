@@ -1,0 +1,36 @@
+// The batch the loader hands over: fixed-shape tensors (boxes padded to the batch's largest
+// count) so augmentation and target assignment work on whole batches.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "headroom/data/letterbox.h"
+
+namespace headroom::data {
+
+struct ImageMeta {
+  int64_t index = 0;   // sample index in the split
+  Letterbox geometry;  // maps canvas pixels back to the original image
+};
+
+struct HostBatch {
+  at::Tensor images;   // [B, 3, S, S] uint8 RGB; pinned when the run uses CUDA
+  at::Tensor boxes;    // [B, N, 4] float32 xyxy canvas pixels; rows >= counts[b] are zero
+  at::Tensor classes;  // [B, N] int64; -1 in padding rows
+  at::Tensor crowd;    // [B, N] bool; COCO iscrowd (evaluation only)
+  at::Tensor counts;   // [B] int64 boxes per image
+  std::vector<ImageMeta> meta;
+  int64_t epoch = 0;
+  int64_t index = 0;          // batch index within the epoch
+  double wait_seconds = 0;    // how long the consumer waited for this batch
+
+  int64_t size() const { return static_cast<int64_t>(meta.size()); }
+};
+
+// Builds the box tensors from per-image lists (N = the largest count, 0 when none has boxes).
+void collate_boxes(HostBatch& batch, const std::vector<ItemBoxes>& items, bool pin_memory);
+
+}  // namespace headroom::data

@@ -1,0 +1,101 @@
+// Data sets: the Ultralytics data YAML (YOLO txt labels or COCO instances JSON per split),
+// scanned into samples with every problem recorded (file or file:line) instead of crashing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "headroom/core/config.h"
+
+namespace headroom::data {
+
+// One object. Coordinates are normalised xyxy in [0, 1] of the upright original image.
+struct Box {
+  float x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+  int cls = 0;
+  bool crowd = false;  // COCO iscrowd: matched but not counted in evaluation, not trained on
+  bool operator==(const Box& o) const {
+    return x1 == o.x1 && y1 == o.y1 && x2 == o.x2 && y2 == o.y2 && cls == o.cls && crowd == o.crowd;
+  }
+};
+
+struct Sample {
+  std::string image;      // path of the image file
+  std::string labels;     // path of its YOLO label file ("" for COCO)
+  int width = 0;          // upright size from the image header
+  int height = 0;
+  std::vector<Box> boxes;
+  int64_t image_id = -1;  // COCO image id (-1 for YOLO data), for results JSON
+};
+
+enum class ProblemKind {
+  missing_image,      // listed but not there
+  unreadable_image,   // empty, not an image, unsupported format, corrupt header or data
+  truncated_image,    // ends before its end marker
+  oversized_image,    // header claims more than data.max_pixels
+  bad_label,          // wrong field count, not a number, NaN, class or coordinates out of range
+  size_mismatch,      // COCO width/height differ from the image file
+  duplicate_box,      // dropped, the image is kept
+  zero_area_box,      // dropped, the image is kept
+};
+const char* to_string(ProblemKind k);
+
+struct Problem {
+  ProblemKind kind;
+  std::string where;       // "file" or "file:line"
+  std::string message;
+  bool image_skipped = false;
+};
+
+// How one split's files are found.
+struct SplitSource {
+  enum class Format { yolo, coco };
+  Format format = Format::yolo;
+  std::vector<std::string> images;  // YOLO: folders and/or .txt lists; COCO: the image folder
+  std::string annotations;          // COCO instances JSON
+  std::string where;                // location of the entry in the data YAML
+};
+
+struct DataSpec {
+  std::string file;                 // the data YAML
+  std::string root;                 // its `path`, resolved
+  std::vector<std::string> names;   // may be empty for COCO-only data (taken from categories)
+  std::vector<std::pair<std::string, SplitSource>> splits;  // "train", "val", "test"
+  const SplitSource* split(const std::string& name) const;
+};
+
+// Parses the data YAML; InputError with file:line for anything malformed.
+DataSpec read_data_yaml(const std::string& path);
+
+struct ScanOptions {
+  int64_t max_pixels = 89478485;
+  OnError on_error = OnError::skip;
+  int threads = 1;
+  bool full_decode = false;  // decode every image (data check) instead of header + end marker
+  // For reports (data check): record every problem without logging it, never throw for it,
+  // and return an empty split instead of failing when nothing is usable.
+  bool report_only = false;
+};
+
+struct Split {
+  std::string name;
+  SplitSource source;
+  std::vector<std::string> names;   // class names
+  std::vector<int> category_ids;    // COCO category id of each class (empty for YOLO data)
+  std::vector<Sample> samples;      // usable images only
+  std::vector<Problem> problems;
+  int64_t listed_images = 0;        // images found before skipping
+  int64_t skipped_images() const;
+  int64_t background_images() const;  // usable images without boxes
+};
+
+// Lists, validates and labels one split. With on_error = fail the first problem that would
+// skip an image throws InputError; with skip it is recorded and logged. Throws InputError
+// when no usable image remains.
+Split scan_split(const DataSpec& spec, const std::string& split, const ScanOptions& options);
+
+// The split a config asks for, scanned with its data options.
+Split load_split(const Config& c, const std::string& split, bool full_decode = false);
+
+}  // namespace headroom::data

@@ -1,0 +1,106 @@
+// The prefetching loader: decode threads fill a bounded window of batches ahead of the
+// consumer. Batches are identical for a seed whatever the thread count, reshuffled every
+// epoch, and the loader can start at any (epoch, batch) position for resume.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "headroom/core/config.h"
+#include "headroom/data/batch.h"
+#include "headroom/data/cache.h"
+#include "headroom/data/dataset.h"
+
+namespace headroom::data {
+
+struct LoaderOptions {
+  TORCH_ARG(int, batch) = 16;
+  TORCH_ARG(int, imgsz) = 640;
+  TORCH_ARG(int, workers) = 2;         // 0: decode on the consumer's thread
+  TORCH_ARG(int, prefetch) = 4;        // batches decoded ahead
+  TORCH_ARG(bool, shuffle) = true;
+  TORCH_ARG(bool, drop_last) = false;
+  TORCH_ARG(int64_t, seed) = 0;
+  TORCH_ARG(bool, pin_memory) = false; // page-locked batches for async host-to-device copies
+  TORCH_ARG(int64_t, max_pixels) = 89478485;
+  TORCH_ARG(OnError, on_error) = OnError::skip;
+  TORCH_ARG(CacheMode, cache) = CacheMode::none;
+  TORCH_ARG(std::string, shard_path) = "";  // disk cache file; beside the data when empty
+};
+
+// Config -> loader options, in one place. `training` shuffles; `pin_memory` when the run's
+// device is CUDA.
+LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory);
+
+struct LoaderStats {
+  int64_t batches = 0;
+  double wait_seconds = 0;      // consumer time blocked in next()
+  double max_wait_seconds = 0;
+  int64_t skipped_images = 0;   // decode failures replaced by the next image in the order
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Split> split, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t batches_per_epoch() const;
+  // Positions the loader at batch `batch` of `epoch` and starts decoding from there.
+  void start(int64_t epoch, int64_t batch = 0);
+  // The next batch of the current epoch, or nullopt at its end.
+  std::optional<HostBatch> next();
+
+  const LoaderOptions& options() const { return options_; }
+  LoaderStats stats() const;
+  const DecodedCache* cache() const { return cache_.get(); }
+  // The epoch's order of sample indices (a fresh shuffle per epoch, from the seed).
+  static std::vector<int64_t> epoch_order(int64_t n, int64_t seed, int64_t epoch, bool shuffle);
+
+ private:
+  struct Pending {
+    HostBatch batch;
+    std::vector<ItemBoxes> boxes;
+    int64_t remaining = 0;
+    bool ready = false;
+  };
+
+  void stop_workers();
+  void worker_loop();
+  // Fills slot `slot` of `batch` (in `p`) from order position `pos`, skipping undecodable images.
+  void fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos);
+  Pending& pending_for(int64_t batch);  // requires mutex_
+  int64_t batch_size(int64_t batch) const;
+
+  std::shared_ptr<const Split> split_;
+  LoaderOptions options_;
+  std::unique_ptr<DecodedCache> cache_;
+
+  std::vector<int64_t> order_;
+  int64_t epoch_ = 0;
+  int64_t cursor_ = 0;        // next batch the consumer takes
+  int64_t end_batch_ = 0;     // batches in this epoch
+  int64_t next_task_ = 0;     // next image slot a worker claims, as batch * B + slot
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_, ready_cv_;
+  std::map<int64_t, Pending> pending_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  bool started_ = false;
+  std::vector<std::thread> workers_;
+  std::set<int64_t> bad_samples_;
+  LoaderStats stats_;
+};
+
+}  // namespace headroom::data

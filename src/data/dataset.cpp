@@ -1,0 +1,387 @@
+#include "headroom/data/dataset.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/files.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/text.h"
+#include "headroom/core/threads.h"
+#include "headroom/data/image.h"
+#include "headroom/data/labels.h"
+
+namespace headroom::data {
+
+namespace fs = std::filesystem;
+
+const char* to_string(ProblemKind k) {
+  switch (k) {
+    case ProblemKind::missing_image: return "missing image";
+    case ProblemKind::unreadable_image: return "unreadable image";
+    case ProblemKind::truncated_image: return "truncated image";
+    case ProblemKind::oversized_image: return "oversized image";
+    case ProblemKind::bad_label: return "bad label";
+    case ProblemKind::size_mismatch: return "size mismatch";
+    case ProblemKind::duplicate_box: return "duplicate box";
+    case ProblemKind::zero_area_box: return "zero-area box";
+  }
+  return "?";
+}
+
+const SplitSource* DataSpec::split(const std::string& name) const {
+  for (const auto& [n, s] : splits)
+    if (n == name) return &s;
+  return nullptr;
+}
+
+int64_t Split::skipped_images() const { return listed_images - static_cast<int64_t>(samples.size()); }
+
+int64_t Split::background_images() const {
+  return std::count_if(samples.begin(), samples.end(), [](const Sample& s) { return s.boxes.empty(); });
+}
+
+// ---------------------------------------------------------------------------------------
+// Data YAML
+
+namespace {
+
+std::string at(const std::string& file, const YAML::Node& n) {
+  return format_location(file, n.Mark().line + 1, n.Mark().column + 1);
+}
+
+std::string resolve(const fs::path& base, const std::string& p) {
+  const fs::path path(p);
+  return (path.is_absolute() ? path : base / path).lexically_normal().string();
+}
+
+SplitSource read_split(const std::string& file, const fs::path& root, const YAML::Node& n) {
+  SplitSource s;
+  s.where = at(file, n);
+  auto path_of = [&](const YAML::Node& v) {
+    if (!v.IsScalar() || v.Scalar().empty())
+      throw InputError(at(file, v) + ": expected a path to an image folder or a .txt list of images");
+    if (ends_with(to_lower(v.Scalar()), ".json"))
+      throw InputError(at(file, v) + ": a COCO split is written {coco: " + v.Scalar() +
+                       ", images: <folder of its images>}");
+    return resolve(root, v.Scalar());
+  };
+  if (n.IsMap()) {
+    const YAML::Node coco = n["coco"], images = n["images"];
+    if (!coco || !coco.IsScalar() || !images || !images.IsScalar())
+      throw InputError(s.where + ": a COCO split needs both keys: {coco: annotations.json, images: folder}");
+    s.format = SplitSource::Format::coco;
+    s.annotations = resolve(root, coco.Scalar());
+    s.images = {resolve(root, images.Scalar())};
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) s.images.push_back(path_of(v));
+    if (s.images.empty()) throw InputError(s.where + ": the list of image folders is empty");
+  } else {
+    s.images = {path_of(n)};
+  }
+  return s;
+}
+
+std::vector<std::string> read_names(const std::string& file, const YAML::Node& n) {
+  std::vector<std::string> names;
+  if (n.IsSequence()) {
+    for (const auto& v : n) {
+      if (!v.IsScalar()) throw InputError(at(file, v) + ": each class name must be a plain string");
+      names.push_back(v.Scalar());
+    }
+  } else if (n.IsMap()) {
+    std::map<int64_t, std::string> by_id;
+    for (const auto& kv : n) {
+      const auto id = kv.first.IsScalar() ? parse_int(kv.first.Scalar()) : std::nullopt;
+      if (!id || *id < 0 || !kv.second.IsScalar())
+        throw InputError(at(file, kv.first) + ": names as a map is {0: name, 1: name, ...}");
+      by_id[*id] = kv.second.Scalar();
+    }
+    int64_t expect = 0;
+    for (const auto& [id, name] : by_id) {
+      if (id != expect)
+        throw InputError(at(file, n) + ": class ids in names must run 0, 1, 2, ... without gaps; " +
+                         std::to_string(expect) + " is missing");
+      names.push_back(name);
+      ++expect;
+    }
+  } else {
+    throw InputError(at(file, n) + ": names must be a list [a, b] or a map {0: a, 1: b}");
+  }
+  if (names.empty()) throw InputError(at(file, n) + ": names is empty; list the class names");
+  return names;
+}
+
+}  // namespace
+
+DataSpec read_data_yaml(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw InputError(path + ": cannot open the data YAML (does it exist, is it readable?)");
+  } catch (const YAML::ParserException& e) {
+    throw InputError(format_location(path, e.mark.line + 1, e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsMap())
+    throw InputError(path + ": a data YAML is a mapping with path, train, val and names (docs/data.md)");
+  DataSpec spec;
+  spec.file = path;
+  const fs::path yaml_dir = fs::absolute(path).parent_path();
+  spec.root = yaml_dir.string();
+  if (const YAML::Node p = root["path"]) {
+    if (!p.IsScalar()) throw InputError(at(path, p) + ": path must be a folder");
+    spec.root = resolve(yaml_dir, p.Scalar());
+  }
+  static const std::set<std::string> known = {"path", "train", "val", "test", "names", "nc"};
+  static const std::set<std::string> ignored = {"download", "kpt_shape", "flip_idx", "channels", "yaml_file"};
+  for (const auto& kv : root) {
+    const std::string key = kv.first.Scalar();
+    if (!known.count(key) && !ignored.count(key))
+      spdlog::warn("{}: key '{}' is not used by Headroom and is ignored", at(path, kv.first), key);
+  }
+  for (const char* split : {"train", "val", "test"})
+    if (const YAML::Node n = root[split]; n && !n.IsNull()) spec.splits.emplace_back(split, read_split(path, spec.root, n));
+  if (!spec.split("train") && !spec.split("val"))
+    throw InputError(path + ": no train or val split; add e.g. 'train: images/train' and 'val: images/val'");
+  if (const YAML::Node n = root["names"]) spec.names = read_names(path, n);
+  if (const YAML::Node nc = root["nc"]) {
+    const auto v = nc.IsScalar() ? parse_int(nc.Scalar()) : std::nullopt;
+    if (!v || *v < 1) throw InputError(at(path, nc) + ": nc must be a positive integer");
+    if (!spec.names.empty() && *v != static_cast<int64_t>(spec.names.size()))
+      throw InputError(at(path, nc) + ": nc is " + std::to_string(*v) + " but names lists " +
+                       std::to_string(spec.names.size()) + " classes; make them agree (or drop nc)");
+  }
+  for (const auto& [name, s] : spec.splits)
+    if (s.format == SplitSource::Format::yolo && spec.names.empty())
+      throw InputError(path + ": names is missing; YOLO labels need the class names (names: [a, b, ...])");
+  return spec;
+}
+
+// ---------------------------------------------------------------------------------------
+// Scanning
+
+namespace {
+
+bool is_image_name(const fs::path& p) {
+  static const std::set<std::string> exts = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png",
+                                             ".tif", ".tiff", ".webp", ".pfm", ".heic", ".gif"};
+  return exts.count(to_lower(p.extension().string())) > 0;
+}
+
+// YOLO image paths of a source: a folder (recursively) or a .txt list.
+void list_images(const std::string& source, const std::string& where, std::vector<std::string>& out,
+                 std::vector<Problem>& problems) {
+  std::error_code ec;
+  if (fs::is_directory(source, ec)) {
+    std::vector<std::string> found;
+    for (fs::recursive_directory_iterator it(source, fs::directory_options::follow_directory_symlink, ec), end;
+         it != end; it.increment(ec)) {
+      if (ec) break;
+      if (it->is_regular_file(ec) && is_image_name(it->path())) found.push_back(it->path().string());
+    }
+    if (ec) throw InputError(where + ": cannot list " + source + ": " + ec.message());
+    std::sort(found.begin(), found.end());
+    out.insert(out.end(), found.begin(), found.end());
+    return;
+  }
+  if (fs::is_regular_file(source, ec) && ends_with(to_lower(source), ".txt")) {
+    const std::string text = read_file(source);
+    const fs::path base = fs::path(source).parent_path();
+    size_t line_no = 0, pos = 0;
+    while (pos <= text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      ++line_no;
+      const std::string line(trim(std::string_view(text).substr(pos, end - pos)));
+      pos = end + 1;
+      if (line.empty()) continue;
+      const std::string p = resolve(base, line);
+      if (fs::is_regular_file(p, ec))
+        out.push_back(p);
+      else
+        problems.push_back({ProblemKind::missing_image, source + ":" + std::to_string(line_no),
+                            p + " does not exist; skipped", true});
+    }
+    return;
+  }
+  throw InputError(where + ": " + source + " is neither a folder of images nor a .txt list of image paths");
+}
+
+struct Probe {
+  ImageHeader header;
+  std::vector<Problem> problems;  // problems that skip the image
+};
+
+// Header, end marker, and optionally a full decode of one image file.
+Probe probe_file(const std::string& path, const ScanOptions& o) {
+  Probe r;
+  auto skip = [&](ProblemKind k, const std::string& msg) { r.problems.push_back({k, path, msg, true}); };
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    if (fd >= 0) ::close(fd);
+    skip(ProblemKind::missing_image, "cannot be opened");
+    return r;
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  // The header is near the start; EXIF blocks rarely exceed 256 KiB. The tail holds the end marker.
+  std::vector<uint8_t> buf(o.full_decode ? size : std::min<size_t>(size, 256 * 1024));
+  bool ok = ::pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size());
+  uint8_t tail[64];
+  const size_t tail_n = std::min<size_t>(size, sizeof tail);
+  ok = ok && ::pread(fd, tail, tail_n, static_cast<off_t>(size - tail_n)) == static_cast<ssize_t>(tail_n);
+  if (ok && buf.size() < size) {
+    try {
+      read_image_header(buf.data(), buf.size());
+    } catch (const ImageError&) {  // a header longer than the prefix: read it all
+      buf.resize(size);
+      ok = ::pread(fd, buf.data(), size, 0) == static_cast<ssize_t>(size);
+    }
+  }
+  ::close(fd);
+  if (!ok) {
+    skip(ProblemKind::unreadable_image, "read error");
+    return r;
+  }
+  try {
+    r.header = read_image_header(buf.data(), buf.size());
+  } catch (const ImageError& e) {
+    skip(ProblemKind::unreadable_image, e.what());
+    return r;
+  }
+  const int64_t pixels = int64_t(r.header.width) * r.header.height;
+  if (pixels > o.max_pixels) {
+    skip(ProblemKind::oversized_image,
+         "header claims " + std::to_string(r.header.width) + "x" + std::to_string(r.header.height) +
+             " pixels, over data.max_pixels = " + std::to_string(o.max_pixels) +
+             "; refused before decoding (raise data.max_pixels if the image is genuine)");
+    return r;
+  }
+  if (!image_is_complete(tail, tail_n, r.header.format)) {
+    skip(ProblemKind::truncated_image, std::string(to_string(r.header.format)) +
+                                           " file ends before its end marker (truncated copy or download)");
+    return r;
+  }
+  if (o.full_decode) {
+    try {
+      decode_image(buf.data(), buf.size(), o.max_pixels);
+    } catch (const ImageError& e) {
+      skip(ProblemKind::unreadable_image, e.what());
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Split scan_split(const DataSpec& spec, const std::string& name, const ScanOptions& o) {
+  const SplitSource* src = spec.split(name);
+  if (!src) throw InputError(spec.file + ": the data YAML has no '" + name + "' split");
+  Split split;
+  split.name = name;
+  split.source = *src;
+  split.names = spec.names;
+
+  std::vector<Sample> candidates;
+  std::vector<bool> corrupt;
+  if (src->format == SplitSource::Format::coco) {
+    CocoData coco = read_coco(src->annotations, src->images.front(), spec.names);
+    split.names = std::move(coco.names);
+    split.category_ids = std::move(coco.category_ids);
+    split.problems = std::move(coco.problems);
+    candidates = std::move(coco.samples);
+    corrupt = std::move(coco.corrupt);
+    split.listed_images = coco.listed_images;
+  } else {
+    std::vector<std::string> paths;
+    for (const auto& s : src->images) list_images(s, src->where, paths, split.problems);
+    split.listed_images = static_cast<int64_t>(paths.size()) +
+                          std::count_if(split.problems.begin(), split.problems.end(),
+                                        [](const Problem& p) { return p.kind == ProblemKind::missing_image; });
+    for (auto& p : paths) {
+      Sample s;
+      s.image = std::move(p);
+      s.labels = yolo_label_path(s.image);
+      candidates.push_back(std::move(s));
+    }
+    corrupt.assign(candidates.size(), false);
+  }
+
+  // Per image: probe the file, parse its labels. Results land in per-index slots so the
+  // order (and every later shuffle) does not depend on the thread count.
+  std::vector<std::vector<Problem>> found(candidates.size());
+  const bool yolo = src->format == SplitSource::Format::yolo;
+  const int nc = static_cast<int>(split.names.size());
+  parallel_for(static_cast<int64_t>(candidates.size()), o.threads, [&](int64_t i) {
+    Sample& s = candidates[static_cast<size_t>(i)];
+    Probe probe = probe_file(s.image, o);
+    found[i] = std::move(probe.problems);
+    if (!found[i].empty()) return;
+    if (yolo) {
+      s.width = probe.header.width, s.height = probe.header.height;
+      std::error_code ec;
+      if (fs::is_regular_file(s.labels, ec)) {
+        LabelFile lf = parse_yolo_labels(read_file(s.labels), s.labels, nc);
+        s.boxes = std::move(lf.boxes);
+        found[i] = std::move(lf.problems);
+        corrupt[i] = lf.corrupt;
+      }
+    } else if (probe.header.width != s.width || probe.header.height != s.height) {
+      found[i].push_back({ProblemKind::size_mismatch, s.image,
+                          "the annotations say " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+                              " but the image is " + std::to_string(probe.header.width) + "x" +
+                              std::to_string(probe.header.height) + "; skipped (fix the JSON's width/height)",
+                          true});
+    }
+  });
+
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    bool skip = corrupt[i];
+    for (auto& p : found[i]) {
+      skip = skip || p.image_skipped;
+      split.problems.push_back(std::move(p));
+    }
+    if (!skip) split.samples.push_back(std::move(candidates[i]));
+  }
+
+  if (o.report_only) return split;
+  const auto first_skip = std::find_if(split.problems.begin(), split.problems.end(),
+                                       [](const Problem& p) { return p.image_skipped; });
+  if (o.on_error == OnError::fail && first_skip != split.problems.end())
+    throw InputError(first_skip->where + ": " + first_skip->message +
+                     " (data.on_error is fail; set it to skip to train without such images)");
+  for (size_t i = 0; i < split.problems.size() && i < 20; ++i)
+    spdlog::warn("{}: {}: {}", split.problems[i].where, to_string(split.problems[i].kind), split.problems[i].message);
+  if (split.problems.size() > 20)
+    spdlog::warn("... and {} more problems in split '{}' (trainer data check lists them all)",
+                 split.problems.size() - 20, name);
+  if (split.samples.empty())
+    throw InputError(src->where + ": split '" + name + "' has no usable image (" +
+                     std::to_string(split.listed_images) + " listed" +
+                     (first_skip != split.problems.end()
+                          ? "; first problem: " + first_skip->where + ": " + first_skip->message
+                          : "") +
+                     ")");
+  return split;
+}
+
+Split load_split(const Config& c, const std::string& split, bool full_decode) {
+  if (c.data.dataset.empty())
+    throw InputError((c.source.empty() ? std::string("the configuration") : c.source) +
+                     ": data.dataset is not set; point it at a data YAML (data.dataset=path/to/data.yaml)");
+  ScanOptions o;
+  o.max_pixels = c.data.max_pixels;
+  o.on_error = c.data.on_error;
+  o.threads = std::max(1, resolve_workers(c.data.workers));
+  o.full_decode = full_decode;
+  return scan_split(read_data_yaml(c.data.dataset), split, o);
+}
+
+}  // namespace headroom::data

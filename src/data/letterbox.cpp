@@ -1,0 +1,69 @@
+#include "headroom/data/letterbox.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <opencv2/imgproc.hpp>
+
+#include "headroom/core/files.h"
+
+namespace headroom::data {
+
+Letterbox letterbox_geometry(int width, int height, int canvas) {
+  Letterbox g;
+  g.orig_w = width, g.orig_h = height, g.canvas = canvas;
+  const double r = std::min(double(canvas) / width, double(canvas) / height);
+  g.resized_w = std::clamp(static_cast<int>(std::lround(width * r)), 1, canvas);
+  g.resized_h = std::clamp(static_cast<int>(std::lround(height * r)), 1, canvas);
+  g.pad_x = (canvas - g.resized_w) / 2;
+  g.pad_y = (canvas - g.resized_h) / 2;
+  return g;
+}
+
+void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw) {
+  const size_t plane = size_t(g.canvas) * g.canvas;
+  std::memset(chw, kPadValue, 3 * plane);
+  cv::Mat src(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels.data()));
+  cv::Mat resized;
+  if (image.width == g.resized_w && image.height == g.resized_h) {
+    resized = src;
+  } else {
+    // INTER_AREA when shrinking (no aliasing), bilinear when enlarging, as Ultralytics does.
+    const bool shrink = image.width > g.resized_w || image.height > g.resized_h;
+    cv::resize(src, resized, cv::Size(g.resized_w, g.resized_h), 0, 0, shrink ? cv::INTER_AREA : cv::INTER_LINEAR);
+  }
+  // Split straight into the canvas planes: each output Mat is a window of its plane.
+  std::vector<cv::Mat> planes;
+  for (int c = 0; c < 3; ++c)
+    planes.emplace_back(g.resized_h, g.resized_w, CV_8UC1,
+                        chw + c * plane + size_t(g.pad_y) * g.canvas + g.pad_x, size_t(g.canvas));
+  cv::split(resized, planes);
+}
+
+std::array<float, 4> box_to_canvas(const Box& b, const Letterbox& g) {
+  return {b.x1 * g.resized_w + g.pad_x, b.y1 * g.resized_h + g.pad_y,
+          b.x2 * g.resized_w + g.pad_x, b.y2 * g.resized_h + g.pad_y};
+}
+
+ItemBoxes boxes_in_canvas(const Sample& s, const Letterbox& g) {
+  ItemBoxes out;
+  for (const Box& b : s.boxes) {
+    out.xyxy.push_back(box_to_canvas(b, g));
+    out.classes.push_back(b.cls);
+    out.crowd.push_back(b.crowd);
+  }
+  return out;
+}
+
+void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw) {
+  const std::string bytes = read_file(s.image);
+  try {
+    const Image img = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), max_pixels,
+                                   g.resized_w, g.resized_h);
+    letterbox_to_chw(img, g, chw);
+  } catch (const ImageError& e) {
+    throw ImageError(s.image + ": " + e.what());
+  }
+}
+
+}  // namespace headroom::data

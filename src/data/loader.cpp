@@ -1,0 +1,226 @@
+#include "headroom/data/loader.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "headroom/core/logging.h"
+#include "headroom/core/random.h"
+#include "headroom/core/threads.h"
+
+namespace headroom::data {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory) {
+  return LoaderOptions()
+      .batch(c.train.batch)
+      .imgsz(c.data.imgsz)
+      .workers(resolve_workers(c.data.workers))
+      .prefetch(c.data.prefetch)
+      .shuffle(training)
+      .seed(c.seed)
+      .pin_memory(pin_memory)
+      .max_pixels(c.data.max_pixels)
+      .on_error(c.data.on_error)
+      .cache(c.data.cache)
+      .shard_path(default_shard_path(split.source, c.data.imgsz));
+}
+
+std::vector<int64_t> Loader::epoch_order(int64_t n, int64_t seed, int64_t epoch, bool shuffle) {
+  if (!shuffle) {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+    return order;
+  }
+  Rng rng(mix_seed(static_cast<uint64_t>(seed)) ^ mix_seed(static_cast<uint64_t>(epoch) + 1));
+  return permutation(n, rng);
+}
+
+Loader::Loader(std::shared_ptr<const Split> split, LoaderOptions options)
+    : split_(std::move(split)), options_(std::move(options)) {
+  TORCH_CHECK(options_.batch() > 0 && options_.imgsz() > 0 && options_.prefetch() > 0, "bad loader options");
+  if (options_.cache() != CacheMode::none) {
+    CacheOptions co;
+    co.mode = options_.cache();
+    co.canvas = options_.imgsz();
+    co.threads = std::max(1, options_.workers());
+    co.max_pixels = options_.max_pixels();
+    co.shard_path = options_.shard_path().empty() ? default_shard_path(split_->source, options_.imgsz())
+                                                  : options_.shard_path();
+    cache_ = DecodedCache::open(*split_, co);
+  }
+}
+
+Loader::~Loader() { stop_workers(); }
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = static_cast<int64_t>(split_->samples.size()), B = options_.batch();
+  return options_.drop_last() ? n / B : (n + B - 1) / B;
+}
+
+int64_t Loader::batch_size(int64_t batch) const {
+  const int64_t n = static_cast<int64_t>(split_->samples.size()), B = options_.batch();
+  return std::min(B, n - batch * B);
+}
+
+void Loader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+void Loader::start(int64_t epoch, int64_t batch) {
+  stop_workers();
+  const int64_t n = static_cast<int64_t>(split_->samples.size());
+  TORCH_CHECK(batch >= 0 && batch <= batches_per_epoch(), "loader position ", batch, " is outside the epoch (",
+              batches_per_epoch(), " batches)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.clear();
+  error_ = nullptr;
+  order_ = epoch_order(n, options_.seed(), epoch, options_.shuffle());
+  epoch_ = epoch;
+  cursor_ = batch;
+  end_batch_ = batches_per_epoch();
+  next_task_ = batch * options_.batch();
+  stop_ = false;
+  started_ = true;
+  for (int i = 0; i < options_.workers(); ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+Loader::Pending& Loader::pending_for(int64_t batch) {
+  auto it = pending_.find(batch);
+  if (it != pending_.end()) return it->second;
+  Pending& p = pending_[batch];
+  const int64_t bs = batch_size(batch), S = options_.imgsz();
+  p.batch.images = at::empty({bs, 3, S, S}, at::TensorOptions().dtype(at::kByte).pinned_memory(options_.pin_memory()));
+  p.batch.meta.resize(static_cast<size_t>(bs));
+  p.batch.epoch = epoch_;
+  p.batch.index = batch;
+  p.boxes.resize(static_cast<size_t>(bs));
+  p.remaining = bs;
+  return p;
+}
+
+void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
+  const int64_t n = static_cast<int64_t>(order_.size());
+  const size_t slot_bytes = size_t(3) * options_.imgsz() * options_.imgsz();
+  uint8_t* dst = p.batch.images.data_ptr<uint8_t>() + size_t(slot) * slot_bytes;
+  // An image that fails to decode is replaced by the next one in the epoch's order: the
+  // replacement depends only on the data, so batches stay deterministic.
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t idx = order_[size_t((pos + k) % n)];
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (bad_samples_.count(idx)) continue;
+    }
+    const Sample& s = split_->samples[size_t(idx)];
+    try {
+      Letterbox g;
+      if (cache_) {
+        if (!cache_->decoded(idx)) throw ImageError(s.image + ": could not be decoded when the cache was built");
+        std::memcpy(dst, cache_->image(idx), slot_bytes);
+        g = cache_->geometry(idx);
+        p.boxes[size_t(slot)] = cache_->boxes(idx);
+      } else {
+        g = letterbox_geometry(s.width, s.height, options_.imgsz());
+        decode_into_canvas(s, g, options_.max_pixels(), dst);
+        p.boxes[size_t(slot)] = boxes_in_canvas(s, g);
+      }
+      p.batch.meta[size_t(slot)] = ImageMeta{idx, g};
+      return;
+    } catch (const ImageError& e) {
+      if (options_.on_error() == OnError::fail)
+        throw InputError(std::string(e.what()) + " (data.on_error is fail; set it to skip to train past it)");
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (bad_samples_.insert(idx).second) {
+        ++stats_.skipped_images;
+        spdlog::warn("{}; skipped, batch {} of epoch {} takes the next image instead", e.what(), batch, epoch_);
+      }
+    }
+  }
+  throw InputError("split '" + split_->name + "': no image could be decoded");
+}
+
+void Loader::worker_loop() {
+  const int64_t B = options_.batch();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    const int64_t total = options_.drop_last() ? end_batch_ * B : static_cast<int64_t>(order_.size());
+    work_cv_.wait(lock, [&] { return stop_ || (next_task_ < total && next_task_ / B < cursor_ + options_.prefetch()); });
+    if (stop_) return;
+    const int64_t pos = next_task_++;
+    const int64_t batch = pos / B, slot = pos % B;
+    Pending& p = pending_for(batch);
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      fill_slot(p, batch, slot, pos);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error) {
+      if (!error_) error_ = error;
+      ready_cv_.notify_all();
+      continue;
+    }
+    if (--p.remaining == 0) {
+      collate_boxes(p.batch, p.boxes, options_.pin_memory());
+      p.ready = true;
+      ready_cv_.notify_all();
+    }
+  }
+}
+
+std::optional<HostBatch> Loader::next() {
+  TORCH_CHECK(started_, "Loader::next() before Loader::start(epoch, batch)");
+  if (cursor_ >= end_batch_) return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  HostBatch batch;
+  if (workers_.empty()) {
+    Pending* p;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      p = &pending_for(cursor_);
+    }
+    for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, cursor_, slot, cursor_ * options_.batch() + slot);
+    collate_boxes(p->batch, p->boxes, options_.pin_memory());
+    std::lock_guard<std::mutex> lock(mutex_);
+    batch = std::move(p->batch);
+    pending_.erase(cursor_++);
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_cv_.wait(lock, [&] {
+      const auto it = pending_.find(cursor_);
+      return error_ || (it != pending_.end() && it->second.ready);
+    });
+    if (error_) std::rethrow_exception(error_);
+    batch = std::move(pending_[cursor_].batch);
+    pending_.erase(cursor_++);
+    lock.unlock();
+    work_cv_.notify_all();
+  }
+  batch.wait_seconds = seconds_since(t0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.batches;
+  stats_.wait_seconds += batch.wait_seconds;
+  stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, batch.wait_seconds);
+  return batch;
+}
+
+LoaderStats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace headroom::data
