@@ -1,0 +1,91 @@
+#include <cstdio>
+
+#include "commands.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/threads.h"
+#include "headroom/data/check.h"
+#include "headroom/data/synth.h"
+
+namespace headroom::cli {
+
+namespace {
+
+void add_synth(CLI::App& data, int& exit_code) {
+  auto* cmd = data.add_subcommand("synth", "Write a synthetic shapes data set (JPEG + YOLO labels + COCO JSON)");
+  static data::SynthOptions o;
+  static bool json = false;
+  cmd->add_option("--out", o.out, "Output folder (new, empty, or an earlier synthetic set)")->required();
+  cmd->add_option("--images", o.images, "Images in all (train + val)")->capture_default_str();
+  cmd->add_option("--size", o.size, "Long side of each image in pixels")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--classes", o.classes, "Shape classes, 1..6")->capture_default_str();
+  cmd->add_option("--val-fraction", o.val_fraction, "Share of images in the val split")->capture_default_str();
+  cmd->add_option("--max-objects", o.max_objects, "Most objects in one image")->capture_default_str();
+  cmd->add_flag("--json", json, "Print JSON");
+  cmd->callback([&exit_code] {
+    o.threads = available_cores();
+    const data::SynthSummary s = data::synthesize(o);
+    if (json) {
+      Json j = Json::object();
+      j["data_yaml"] = s.data_yaml;
+      j["coco_yaml"] = s.coco_yaml;
+      j["train_images"] = s.train_images;
+      j["val_images"] = s.val_images;
+      j["boxes"] = s.boxes;
+      j["reused"] = s.reused;
+      print_json(j);
+    } else {
+      std::printf("%s %lld train + %lld val images, %lld boxes\n  YOLO layout: %s\n  COCO JSON:   %s\n",
+                  s.reused ? "up to date:" : "wrote", (long long)s.train_images, (long long)s.val_images,
+                  (long long)s.boxes, s.data_yaml.c_str(), s.coco_yaml.c_str());
+    }
+    exit_code = kExitOk;
+  });
+}
+
+void add_check(CLI::App& data, int& exit_code) {
+  auto* cmd = data.add_subcommand("check", "Scan a data set: counts, size histograms and every problem found");
+  static std::string data_yaml, config_path, split = "all";
+  static std::vector<std::string> overrides;
+  static bool json = false, quick = false;
+  cmd->add_option("--data", data_yaml, "Data YAML (or give --config and use its data.dataset)");
+  cmd->add_option("--config,-c", config_path, "Config YAML whose data section to use");
+  cmd->add_option("overrides", overrides, "key=value config overrides");
+  cmd->add_option("--split", split, "train, val, test or all")->capture_default_str();
+  cmd->add_flag("--quick", quick, "Read headers and end markers only instead of decoding every image");
+  cmd->add_flag("--json", json, "Print JSON");
+  cmd->callback([&exit_code] {
+    if (!data_yaml.empty()) overrides.insert(overrides.begin(), "data.dataset=" + data_yaml);
+    const Config c = load_run_config(config_path, overrides);
+    if (c.data.dataset.empty())
+      throw InputError("data check: give --data path/to/data.yaml (or --config with data.dataset set)");
+    data::ScanOptions o;
+    o.max_pixels = c.data.max_pixels;
+    o.threads = available_cores();
+    o.full_decode = !quick;
+    o.report_only = true;
+    std::vector<std::string> splits;
+    if (split != "all") splits.push_back(split);
+    const data::CheckReport r = data::check_data(c.data.dataset, splits, o);
+    if (r.splits.empty()) throw InputError(c.data.dataset + ": no split named '" + split + "'");
+    if (json)
+      print_json(data::check_report_json(r));
+    else
+      std::printf("%s", data::format_check_report(r).c_str());
+    bool empty = false;
+    for (const auto& s : r.splits) empty = empty || s.split.samples.empty();
+    exit_code = r.has_skips() || empty ? kExitBadInput : kExitOk;
+  });
+}
+
+}  // namespace
+
+void add_data_command(CLI::App& app, int& exit_code) {
+  auto* data = app.add_subcommand("data", "Data sets: synth, check");
+  data->require_subcommand(1);
+  add_synth(*data, exit_code);
+  add_check(*data, exit_code);
+}
+
+}  // namespace headroom::cli

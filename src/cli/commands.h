@@ -1,0 +1,26 @@
+// Subcommands of `trainer`. Each add_* registers one on the app; its callback stores the
+// process exit code in `exit_code`. Errors are thrown and mapped to exit codes by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "headroom/core/config.h"
+#include "headroom/core/errors.h"
+
+namespace headroom::cli {
+
+void add_version_command(CLI::App& app, int& exit_code);
+void add_config_command(CLI::App& app, int& exit_code);
+void add_data_command(CLI::App& app, int& exit_code);
+
+// Loads --config plus key=value overrides and applies the process-wide settings
+// (log level, intra-op threads). Every subcommand that takes a config goes through here.
+Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Prints a JSON document on stdout (one line when `compact`).
+void print_json(const Json& j);
+
+}  // namespace headroom::cli

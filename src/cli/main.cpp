@@ -1,0 +1,49 @@
+// trainer: the Headroom command line.
+#include <cstdio>
+
+#include "commands.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/threads.h"
+
+namespace headroom::cli {
+
+Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c = load_config(path, overrides);
+  spdlog::default_logger()->set_level(spdlog::level::from_str(c.log.level));
+  set_intra_op_threads(c.threads);
+  return c;
+}
+
+void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+}  // namespace headroom::cli
+
+int main(int argc, char** argv) {
+  using namespace headroom;
+  init_logging("info");
+  set_intra_op_threads(AutoInt{});  // Debian's LibTorch would otherwise run on one thread
+
+  CLI::App app{"Headroom: a LibTorch trainer for YOLO and CenterNet detectors that keeps the GPU fed\n"
+               "and memory under a budget."};
+  app.require_subcommand(1);
+  int exit_code = kExitOk;
+  cli::add_version_command(app, exit_code);
+  cli::add_config_command(app, exit_code);
+  cli::add_data_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitBadInput;
+  } catch (const InputError& e) {
+    spdlog::error("{}", e.what());
+    return kExitBadInput;
+  } catch (const DeviceError& e) {
+    spdlog::error("{}", e.what());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return kExitFailure;
+  }
+  return exit_code;
+}
