@@ -1,0 +1,128 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "headroom/data/cache.h"
+#include "headroom/data/loader.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<const Split> scan_train(const std::string& yaml) {
+  ScanOptions o;
+  o.threads = 2;
+  return std::make_shared<const Split>(scan_split(read_data_yaml(yaml), "train", o));
+}
+
+std::vector<HostBatch> one_epoch(const std::shared_ptr<const Split>& split, LoaderOptions o) {
+  Loader l(split, o);
+  l.start(0);
+  std::vector<HostBatch> out;
+  while (auto b = l.next()) out.push_back(std::move(*b));
+  return out;
+}
+
+void expect_identical(const std::vector<HostBatch>& a, const std::vector<HostBatch>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::equal(a[i].images, b[i].images)) << "batch " << i;
+    EXPECT_TRUE(at::equal(a[i].boxes, b[i].boxes)) << "batch " << i;
+    EXPECT_TRUE(at::equal(a[i].classes, b[i].classes)) << "batch " << i;
+  }
+}
+
+LoaderOptions base() { return LoaderOptions().batch(5).imgsz(96).workers(2).seed(3); }
+
+}  // namespace
+
+TEST(Cache, RamAndDiskGiveTheSameBatchesAsDecoding) {
+  const std::string yaml = test::copy_of_small_synth("cache-same");
+  const auto split = scan_train(yaml);
+  const auto plain = one_epoch(split, base());
+  expect_identical(plain, one_epoch(split, base().cache(CacheMode::ram)));
+  expect_identical(plain, one_epoch(split, base().cache(CacheMode::disk)));
+  const std::string shard = default_shard_path(split->source, 96);
+  EXPECT_TRUE(fs::exists(shard));
+  EXPECT_EQ(shard, (fs::path(yaml).parent_path() / "images" / "train.96.hrcache").string());
+  for (const auto& e : fs::directory_iterator(fs::path(shard).parent_path()))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST(Cache, ADiskShardIsReusedUntilTheDataChanges) {
+  const std::string yaml = test::copy_of_small_synth("cache-stale");
+  auto split = scan_train(yaml);
+  CacheOptions o;
+  o.mode = CacheMode::disk;
+  o.canvas = 64;
+  o.threads = 2;
+  o.shard_path = default_shard_path(split->source, 64);
+  EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
+  EXPECT_FALSE(DecodedCache::open(*split, o)->rebuilt());
+
+  // Another canvas is another shard.
+  CacheOptions bigger = o;
+  bigger.canvas = 96;
+  bigger.shard_path = default_shard_path(split->source, 96);
+  EXPECT_TRUE(DecodedCache::open(*split, bigger)->rebuilt());
+  EXPECT_FALSE(DecodedCache::open(*split, o)->rebuilt());
+
+  // A replaced image (new bytes, new mtime) makes the shard stale.
+  const std::string victim = split->samples[3].image;
+  const std::string other = test::read_bytes(split->samples[4].image);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  test::write_bytes(victim, other);
+  split = scan_train(yaml);
+  auto c = DecodedCache::open(*split, o);
+  EXPECT_TRUE(c->rebuilt());
+  EXPECT_EQ(0, std::memcmp(c->image(3), c->image(4), 3 * 64 * 64));
+
+  // Changed labels with unchanged images are caught by the box check.
+  test::write_bytes(split->samples[0].labels, "0 0.5 0.5 0.25 0.25\n");
+  split = scan_train(yaml);
+  EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
+}
+
+TEST(Cache, ADamagedShardIsRebuiltNotUsed) {
+  const std::string yaml = test::copy_of_small_synth("cache-damaged");
+  const auto split = scan_train(yaml);
+  CacheOptions o;
+  o.mode = CacheMode::disk;
+  o.canvas = 64;
+  o.shard_path = default_shard_path(split->source, 64);
+  DecodedCache::open(*split, o);
+  const std::string bytes = test::read_bytes(o.shard_path);
+  test::write_bytes(o.shard_path, bytes.substr(0, bytes.size() - 100));  // truncated
+  auto c = DecodedCache::open(*split, o);
+  EXPECT_TRUE(c->rebuilt());
+  test::write_bytes(o.shard_path, "not a shard at all");
+  EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
+  EXPECT_EQ(test::read_bytes(o.shard_path).size(), bytes.size());
+}
+
+TEST(Cache, RamCacheIsRefusedWhenMemoryIsShort) {
+  const auto split = scan_train(test::small_synth());
+  CacheOptions o;
+  o.mode = CacheMode::ram;
+  // A canvas so large that 26 of them exceed the free memory of whatever machine runs this;
+  // nothing is allocated, the check comes first.
+  o.canvas = static_cast<int>(std::ceil(std::sqrt(double(available_memory_bytes()) / (3.0 * 26)))) + 1;
+  EXPECT_EQ(DecodedCache::open(*split, o), nullptr);
+}
+
+TEST(Cache, KeyDependsOnFilesAndCanvas) {
+  const auto split = scan_train(test::small_synth());
+  EXPECT_EQ(cache_key(*split, 64), cache_key(*split, 64));
+  EXPECT_NE(cache_key(*split, 64), cache_key(*split, 96));
+  Split fewer = *split;
+  fewer.samples.pop_back();
+  EXPECT_NE(cache_key(fewer, 64), cache_key(*split, 64));
+}

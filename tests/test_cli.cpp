@@ -1,0 +1,68 @@
+// The trainer binary end to end: exit codes, messages, JSON output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "headroom/core/json.h"
+#include "test_util.h"
+
+using namespace headroom;
+namespace fs = std::filesystem;
+
+TEST(Cli, VersionPrintsLibTorchAndCudaAsJson) {
+  const test::RunResult r = test::run_trainer("version --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json j = Json::parse(r.output, "stdout");
+  EXPECT_FALSE(j.find("libtorch")->as_string().empty());
+  EXPECT_TRUE(j.find("cuda")->find("available")->is_bool());
+  EXPECT_TRUE(j.find("cuda")->find("devices")->is_array());
+}
+
+TEST(Cli, ConfigPrintsResolvedValuesWithOverrides) {
+  const test::RunResult r = test::run_trainer("config train.batch=7 data.workers=4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json j = Json::parse(r.output, "stdout");
+  EXPECT_EQ(j.find("train")->find("batch")->as_number(), 7);
+  EXPECT_EQ(j.find("data")->find("workers")->as_number(), 4);
+  EXPECT_EQ(j.find("data")->find("imgsz")->as_number(), 640);
+}
+
+TEST(Cli, BadConfigExitsWithCode2AndNamesTheLine) {
+  const std::string path = test::temp_dir("cli") + "/bad.yaml";
+  test::write_bytes(path, "train:\n  bach_size: 8\n");
+  const test::RunResult r = test::run_trainer("config --config " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(path + ":2:3: train.bach_size: unknown key; did you mean train.batch?"), std::string::npos) << r.output;
+  EXPECT_EQ(test::run_trainer("config train.batch=0").exit_code, 2);
+  EXPECT_EQ(test::run_trainer("no-such-command").exit_code, 2);
+  EXPECT_EQ(test::run_trainer("--help").exit_code, 0);
+}
+
+TEST(Cli, DataSynthThenCheck) {
+  const std::string out = test::temp_dir("cli-synth") + "/set";
+  test::RunResult r = test::run_trainer("data synth --out " + out + " --images 10 --size 64 --seed 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json j = Json::parse(r.output, "stdout");
+  EXPECT_EQ(j.find("train_images")->as_number(), 8);
+  r = test::run_trainer("data check --data " + out + "/data.yaml --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Json::parse(r.output, "stdout").find("ok")->as_bool());
+  r = test::run_trainer("data check --data " + out + "/data_coco.yaml --split val");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[val] 2 images listed, 2 usable"), std::string::npos) << r.output;
+
+  test::write_bytes(out + "/images/train/im000000.jpg", "");
+  r = test::run_trainer("data check --data " + out + "/data.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("im000000.jpg: unreadable image: empty file (0 bytes)"), std::string::npos) << r.output;
+  EXPECT_EQ(test::run_trainer("data check --data /nonexistent.yaml").exit_code, 2);
+}
+
+TEST(Cli, DataSynthRefusesToOverwriteForeignFolders) {
+  const std::string out = test::temp_dir("cli-foreign");
+  test::write_bytes(out + "/notes.txt", "mine");
+  const test::RunResult r = test::run_trainer("data synth --out " + out + " --images 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("refusing to write into it"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(out + "/notes.txt"), "mine");
+}

@@ -1,0 +1,153 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "headroom/core/config.h"
+#include "headroom/core/errors.h"
+#include "test_util.h"
+
+using namespace headroom;
+
+namespace {
+
+std::string write_config(const std::string& text) {
+  const std::string path = test::temp_dir("cfg") + "/c.yaml";
+  test::write_bytes(path, text);
+  return path;
+}
+
+// The message of the InputError that loading throws.
+std::string load_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
+  try {
+    load_config(path, overrides);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Config, DefaultsWithoutFile) {
+  const Config c = load_config("");
+  EXPECT_EQ(c.train.batch, 16);
+  EXPECT_EQ(c.data.imgsz, 640);
+  EXPECT_TRUE(c.data.workers.is_auto);
+  EXPECT_EQ(c.data.cache, CacheMode::none);
+  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.where("train.batch"), "default train.batch");
+}
+
+TEST(Config, ReadsSectionsAndRecordsOrigins) {
+  const std::string path = write_config("name: run1\ndevice: cpu\ntrain:\n  batch: 4\ndata:\n  workers: 3\n  cache: disk\n  imgsz: 320\n");
+  const Config c = load_config(path);
+  EXPECT_EQ(c.name, "run1");
+  EXPECT_EQ(c.train.batch, 4);
+  EXPECT_FALSE(c.data.workers.is_auto);
+  EXPECT_EQ(c.data.workers.value, 3);
+  EXPECT_EQ(c.data.cache, CacheMode::disk);
+  EXPECT_EQ(c.data.imgsz, 320);
+  EXPECT_EQ(c.where("train.batch"), path + ":4:3");
+}
+
+TEST(Config, UnknownKeyNamesLineColumnAndNearestKey) {
+  const std::string path = write_config("train:\n  bach_size: 8\n");
+  const std::string err = load_error(path);
+  EXPECT_NE(err.find(path + ":2:3: train.bach_size: unknown key; did you mean train.batch?"), std::string::npos) << err;
+}
+
+TEST(Config, KeyInTheWrongSectionIsFound) {
+  const std::string err = load_error(write_config("batch: 8\n"));
+  EXPECT_NE(err.find("did you mean train.batch?"), std::string::npos) << err;
+}
+
+TEST(Config, WrongTypeAndRangeNameTheAllowedValues) {
+  const std::string path = write_config("train:\n  batch: lots\ndata:\n  imgsz: 100000\n  cache: rma\n  workers: -1\n");
+  const std::string err = load_error(path);
+  EXPECT_NE(err.find("4 problems"), std::string::npos) << err;
+  EXPECT_NE(err.find(path + ":2:3: train.batch: expected an integer (1 .. 65536), got 'lots'"), std::string::npos) << err;
+  EXPECT_NE(err.find(path + ":4:3: data.imgsz: value 100000 is out of range; allowed: 32 .. 8192"), std::string::npos) << err;
+  EXPECT_NE(err.find("data.cache: 'rma' is not allowed; use one of none | ram | disk (did you mean 'ram'?)"), std::string::npos) << err;
+  EXPECT_NE(err.find("data.workers: value -1 is out of range; allowed: auto or 0 .. 256"), std::string::npos) << err;
+}
+
+TEST(Config, ImageSizeMustBeAMultipleOf32) {
+  const std::string err = load_error("", {"data.imgsz=500"});
+  EXPECT_NE(err.find("500 is not a multiple of 32"), std::string::npos) << err;
+}
+
+TEST(Config, OverridesApplyAfterTheFileAndAreValidatedTheSameWay) {
+  const std::string path = write_config("train:\n  batch: 4\n");
+  const Config c = load_config(path, {"train.batch=16", "data.workers=4", "data.cache=ram"});
+  EXPECT_EQ(c.train.batch, 16);
+  EXPECT_EQ(c.data.workers.value, 4);
+  EXPECT_EQ(c.data.cache, CacheMode::ram);
+  EXPECT_EQ(c.where("train.batch"), "command line 'train.batch=16'");
+
+  const std::string err = load_error(path, {"train.bach=3", "train.batch=0", "nonsense"});
+  EXPECT_NE(err.find("command line 'train.bach=3': train.bach: unknown key; did you mean train.batch?"), std::string::npos) << err;
+  EXPECT_NE(err.find("command line 'train.batch=0': train.batch: value 0 is out of range"), std::string::npos) << err;
+  EXPECT_NE(err.find("command line 'nonsense': expected key=value"), std::string::npos) << err;
+}
+
+TEST(Config, UltralyticsCacheBooleansMeanRamAndNone) {
+  EXPECT_EQ(load_config("", {"data.cache=true"}).data.cache, CacheMode::ram);
+  EXPECT_EQ(load_config("", {"data.cache=false"}).data.cache, CacheMode::none);
+}
+
+TEST(Config, SectionsAreNotValues) {
+  const std::string err = load_error(write_config("train: 3\n"));
+  EXPECT_NE(err.find("train is a section, not a value; set its keys: train.batch"), std::string::npos) << err;
+}
+
+TEST(Config, DuplicateKeysAreReported) {
+  const std::string path = write_config("train:\n  batch: 2\n  batch: 3\n");
+  const std::string err = load_error(path);
+  EXPECT_NE(err.find("train.batch: given twice (first at " + path + ":2:3)"), std::string::npos) << err;
+}
+
+TEST(Config, SyntaxErrorsAndMissingFiles) {
+  const std::string path = write_config("train: [1\n");
+  EXPECT_NE(load_error(path).find(path + ":"), std::string::npos);
+  EXPECT_NE(load_error(path).find("YAML syntax error"), std::string::npos);
+  EXPECT_NE(load_error("/nonexistent/c.yaml").find("/nonexistent/c.yaml: cannot open the config file"), std::string::npos);
+  EXPECT_NE(load_error(write_config("- a\n- b\n")).find("must be a mapping"), std::string::npos);
+}
+
+TEST(Config, DeviceAndNamesAreChecked) {
+  EXPECT_NE(load_error("", {"device=gpu"}).find("'gpu' is not a device"), std::string::npos);
+  EXPECT_EQ(load_config("", {"device=cuda:1"}).device, "cuda:1");
+  EXPECT_NE(load_error("", {"name=a/b"}).find("not a run name"), std::string::npos);
+  EXPECT_NE(load_error("", {"log.level=loud"}).find("not a log level"), std::string::npos);
+}
+
+TEST(Config, DatasetMustExist) {
+  const std::string path = write_config("data:\n  dataset: /nonexistent/data.yaml\n");
+  const std::string err = load_error(path);
+  EXPECT_NE(err.find(path + ":2:3: data.dataset: '/nonexistent/data.yaml' is not a file"), std::string::npos) << err;
+}
+
+TEST(Config, ResolvedYamlReadsBackUnchanged) {
+  const Config c = load_config("", {"train.batch=3", "data.workers=0", "data.cache=disk", "name=x y", "seed=99"});
+  const std::string yaml = config_to_yaml(c);
+  const Config back = load_config(write_config(yaml));
+  EXPECT_EQ(config_to_yaml(back), yaml);
+  EXPECT_EQ(back.name, "x y");
+  EXPECT_EQ(back.data.workers.value, 0);
+  EXPECT_EQ(config_to_json(back).dump(), config_to_json(c).dump());
+  EXPECT_EQ(config_to_json(c).find("train")->find("batch")->as_number(), 3);
+}
+
+TEST(Config, EveryKeyIsDocumentedWithItsDefault) {
+  const std::string doc = test::read_bytes(std::string(HEADROOM_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_FALSE(doc.empty());
+  for (const ConfigKeyInfo& k : config_keys()) {
+    const std::string row = "| `" + k.path + "` |";
+    const size_t at = doc.find(row);
+    ASSERT_NE(at, std::string::npos) << k.path << " is missing from docs/config.md";
+    const std::string line = doc.substr(at, doc.find('\n', at) - at);
+    const std::string shown = k.default_text.empty() ? "`\"\"`" : "`" + k.default_text + "`";
+    EXPECT_NE(line.find(shown), std::string::npos) << k.path << ": docs/config.md does not give the default " << shown;
+  }
+}

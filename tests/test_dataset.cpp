@@ -1,0 +1,200 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "headroom/core/errors.h"
+#include "headroom/data/dataset.h"
+#include "headroom/data/image.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+Split scan(const std::string& yaml, const std::string& split, OnError on_error = OnError::skip) {
+  ScanOptions o;
+  o.threads = 2;
+  o.on_error = on_error;
+  return scan_split(read_data_yaml(yaml), split, o);
+}
+
+std::string yaml_error(const std::string& text) {
+  const std::string path = test::temp_dir("yaml") + "/data.yaml";
+  test::write_bytes(path, text);
+  try {
+    read_data_yaml(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const Problem* find_problem(const Split& s, const std::string& where_suffix) {
+  for (const auto& p : s.problems)
+    if (p.where.size() >= where_suffix.size() &&
+        p.where.compare(p.where.size() - where_suffix.size(), where_suffix.size(), where_suffix) == 0)
+      return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(Dataset, ScansTheSyntheticSet) {
+  const Split train = scan(test::small_synth(), "train");
+  const Split val = scan(test::small_synth(), "val");
+  EXPECT_EQ(train.listed_images, 26);
+  EXPECT_EQ(val.listed_images, 6);
+  EXPECT_EQ(train.samples.size(), 26u);
+  EXPECT_TRUE(train.problems.empty());
+  EXPECT_EQ(train.names, (std::vector<std::string>{"circle", "square", "triangle", "cross"}));
+  for (const Sample& s : train.samples) {
+    EXPECT_EQ(std::max(s.width, s.height), 128);
+    for (const Box& b : s.boxes) {
+      EXPECT_LT(b.x1, b.x2);
+      EXPECT_LT(b.y1, b.y2);
+      EXPECT_GE(b.x1, 0.f);
+      EXPECT_LE(b.y2, 1.f);
+    }
+  }
+}
+
+TEST(Dataset, YoloAndCocoViewsOfTheSameSetAgree) {
+  const std::string coco_yaml = fs::path(test::small_synth()).parent_path() / "data_coco.yaml";
+  const Split yolo = scan(test::small_synth(), "train");
+  const Split coco = scan(coco_yaml, "train");
+  EXPECT_EQ(coco.category_ids, (std::vector<int>{1, 2, 3, 4}));
+  ASSERT_EQ(yolo.samples.size(), coco.samples.size());
+  for (size_t i = 0; i < yolo.samples.size(); ++i) {
+    const Sample &a = yolo.samples[i], &b = coco.samples[i];
+    EXPECT_EQ(a.image, b.image);
+    EXPECT_EQ(a.width, b.width);
+    ASSERT_EQ(a.boxes.size(), b.boxes.size()) << a.image;
+    for (size_t j = 0; j < a.boxes.size(); ++j) {
+      EXPECT_EQ(a.boxes[j].cls, b.boxes[j].cls);
+      EXPECT_NEAR(a.boxes[j].x1, b.boxes[j].x1, 1e-3);
+      EXPECT_NEAR(a.boxes[j].y2, b.boxes[j].y2, 1e-3);
+    }
+  }
+}
+
+TEST(Dataset, EveryBadFileIsSkippedAndNamed) {
+  const std::string yaml = test::copy_of_small_synth("bad");
+  const fs::path root = fs::path(yaml).parent_path();
+  const fs::path img = root / "images" / "train", lab = root / "labels" / "train";
+  test::write_bytes(img / "im000000.jpg", "");                                       // zero bytes
+  const std::string jpeg = test::read_bytes(img / "im000001.jpg");
+  test::write_bytes(img / "im000001.jpg", jpeg.substr(0, jpeg.size() / 2));          // truncated
+  test::write_bytes(img / "im000002.jpg", "<html>not found</html>");                 // not an image
+  const std::string bomb("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\x01\x86\xa0\0\x01\x86\xa0\x08\x02\0\0\0\0\0\0\0", 33);
+  test::write_bytes(img / "im000003.jpg", bomb);                                     // 10^10 pixels
+  test::write_bytes(lab / "im000004.txt", "0 0.5 0.5 0.2\n");                        // wrong field count
+  test::write_bytes(lab / "im000005.txt", "9 0.5 0.5 0.2 0.2\n");                    // class out of range
+  fs::remove(lab / "im000006.txt");                                                  // background now
+  test::write_bytes(lab / "im000007.txt", "1 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n"); // duplicate
+
+  const Split s = scan(yaml, "train");
+  EXPECT_EQ(s.listed_images, 26);
+  EXPECT_EQ(s.skipped_images(), 6);
+  EXPECT_EQ(s.samples.size(), 20u);
+  struct Expect { std::string where; ProblemKind kind; std::string text; };
+  const std::vector<Expect> expected = {
+      {"im000000.jpg", ProblemKind::unreadable_image, "empty file"},
+      {"im000001.jpg", ProblemKind::truncated_image, "ends before its end marker"},
+      {"im000002.jpg", ProblemKind::unreadable_image, "holds text"},
+      {"im000003.jpg", ProblemKind::oversized_image, "refused before decoding"},
+      {"im000004.txt:1", ProblemKind::bad_label, "4 fields"},
+      {"im000005.txt:1", ProblemKind::bad_label, "class id 9"},
+      {"im000007.txt:2", ProblemKind::duplicate_box, "duplicate"},
+  };
+  for (const auto& e : expected) {
+    const Problem* p = find_problem(s, e.where);
+    ASSERT_NE(p, nullptr) << e.where;
+    EXPECT_EQ(p->kind, e.kind) << e.where;
+    EXPECT_NE(p->message.find(e.text), std::string::npos) << e.where << ": " << p->message;
+  }
+  EXPECT_EQ(s.problems.size(), expected.size());
+  bool background_found = false;
+  for (const Sample& smp : s.samples)
+    background_found |= smp.image.find("im000006.jpg") != std::string::npos && smp.boxes.empty();
+  EXPECT_TRUE(background_found);
+
+  try {
+    scan(yaml, "train", OnError::fail);
+    FAIL() << "on_error=fail did not stop";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("im000000.jpg: empty file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("data.on_error is fail"), std::string::npos);
+  }
+}
+
+TEST(Dataset, FullDecodeFindsDamageTheHeaderHides) {
+  const std::string yaml = test::copy_of_small_synth("decode");
+  const fs::path img = fs::path(yaml).parent_path() / "images" / "train" / "im000000.jpg";
+  std::string jpeg = test::read_bytes(img);
+  // Keep the header and the end marker; cut out the middle of the entropy-coded data.
+  jpeg = jpeg.substr(0, jpeg.size() / 2) + jpeg.substr(jpeg.size() - 2);
+  test::write_bytes(img, jpeg);
+  EXPECT_TRUE(scan(yaml, "train").problems.empty());  // header + end marker look fine
+  ScanOptions o;
+  o.full_decode = true;
+  const Split s = scan_split(read_data_yaml(yaml), "train", o);
+  ASSERT_EQ(s.problems.size(), 1u);
+  EXPECT_EQ(s.problems[0].kind, ProblemKind::unreadable_image);
+  EXPECT_NE(s.problems[0].message.find("corrupt JPEG"), std::string::npos) << s.problems[0].message;
+}
+
+TEST(Dataset, NoUsableImageFailsClearly) {
+  const std::string yaml = test::copy_of_small_synth("none");
+  const fs::path img = fs::path(yaml).parent_path() / "images" / "val";
+  for (const auto& e : fs::directory_iterator(img)) test::write_bytes(e.path(), "");
+  try {
+    scan(yaml, "val");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("split 'val' has no usable image (6 listed; first problem:"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dataset, TextListsResolveRelativePathsAndReportMissingOnes) {
+  const std::string yaml = test::copy_of_small_synth("list");
+  const fs::path root = fs::path(yaml).parent_path();
+  test::write_bytes(root / "train.txt", "./images/train/im000000.jpg\nimages/train/im000001.jpg\n\nimages/train/gone.jpg\n");
+  test::write_bytes(root / "list.yaml", "path: .\ntrain: train.txt\nnames: [circle, square, triangle, cross]\n");
+  const Split s = scan((root / "list.yaml").string(), "train");
+  EXPECT_EQ(s.samples.size(), 2u);
+  EXPECT_EQ(s.listed_images, 3);
+  ASSERT_EQ(s.problems.size(), 1u);
+  EXPECT_EQ(s.problems[0].kind, ProblemKind::missing_image);
+  EXPECT_EQ(s.problems[0].where, (root / "train.txt").string() + ":4");
+}
+
+TEST(DataYaml, NamesAsListOrMapAndSplitForms) {
+  const std::string dir = test::temp_dir("yaml");
+  test::write_bytes(dir + "/d.yaml",
+                    "path: sub\ntrain: [a, b]\nval: {coco: ann/val.json, images: img/val}\nnames:\n  0: x\n  1: y\nnc: 2\ndownload: ignored\n");
+  const DataSpec d = read_data_yaml(dir + "/d.yaml");
+  EXPECT_EQ(d.names, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(d.root, fs::path(dir + "/sub").lexically_normal().string());
+  ASSERT_EQ(d.split("train")->images.size(), 2u);
+  EXPECT_EQ(d.split("train")->images[1], d.root + "/b");
+  EXPECT_EQ(d.split("val")->format, SplitSource::Format::coco);
+  EXPECT_EQ(d.split("val")->annotations, d.root + "/ann/val.json");
+}
+
+TEST(DataYaml, MistakesNameFileLineAndFix) {
+  EXPECT_NE(yaml_error("train: a\nnames: [x, y]\nnc: 3\n").find(":3:5: nc is 3 but names lists 2 classes"), std::string::npos);
+  EXPECT_NE(yaml_error("train: a.json\nnames: [x]\n").find(":1:8: a COCO split is written {coco: a.json"), std::string::npos);
+  EXPECT_NE(yaml_error("train: a\n").find("names is missing"), std::string::npos);
+  EXPECT_NE(yaml_error("names: [x]\n").find("no train or val split"), std::string::npos);
+  EXPECT_NE(yaml_error("train: a\nnames: {0: x, 2: y}\n").find("without gaps; 1 is missing"), std::string::npos);
+  EXPECT_NE(yaml_error("train: [a\n").find("YAML syntax error"), std::string::npos);
+  EXPECT_NE(yaml_error("train: {coco: a.json}\nnames: [x]\n").find("needs both keys"), std::string::npos);
+}
+
+TEST(Dataset, ConfigPointsAtTheSplit) {
+  const Config c = load_config("", {"data.dataset=" + test::small_synth(), "data.workers=2"});
+  EXPECT_EQ(load_split(c, "val").samples.size(), 6u);
+  EXPECT_THROW(load_split(load_config(""), "train"), InputError);
+}

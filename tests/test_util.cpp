@@ -1,0 +1,90 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "headroom/data/synth.h"
+
+namespace headroom::test {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Root {
+  fs::path path = fs::temp_directory_path() / ("headroom-test-" + std::to_string(::getpid()));
+  ~Root() {
+    std::error_code ec;
+    if (!std::getenv("HEADROOM_KEEP_TEST_FILES")) fs::remove_all(path, ec);
+  }
+};
+
+Root& root() {
+  static Root r;
+  return r;
+}
+
+}  // namespace
+
+std::string temp_dir(const std::string& name) {
+  static int counter = 0;
+  const fs::path p = root().path / (name + "-" + std::to_string(counter++));
+  fs::create_directories(p);
+  return p.string();
+}
+
+const std::string& small_synth() {
+  static const std::string yaml = [] {
+    data::SynthOptions o;
+    o.out = temp_dir("synth");
+    o.images = 32;
+    o.size = 128;
+    o.seed = 7;
+    o.classes = 4;
+    o.max_objects = 5;
+    o.threads = 2;
+    return data::synthesize(o).data_yaml;
+  }();
+  return yaml;
+}
+
+std::string copy_of_small_synth(const std::string& name) {
+  const fs::path src = fs::path(small_synth()).parent_path();
+  const fs::path dst = fs::path(temp_dir(name)) / "data";
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return (dst / "data.yaml").string();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+RunResult run_trainer(const std::string& args) {
+  RunResult r;
+  const std::string cmd = std::string(HEADROOM_TRAINER) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace headroom::test

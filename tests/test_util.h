@@ -1,0 +1,29 @@
+// Helpers shared by the tests: temporary folders, a small synthetic data set, file bytes,
+// running the trainer binary.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace headroom::test {
+
+// A fresh folder for this test (removed when the test process exits).
+std::string temp_dir(const std::string& name);
+
+// A synthetic data set (32 images, 128 px, 4 classes), generated once per test process.
+// Returns the YOLO-layout data YAML; data_coco.yaml sits beside it.
+const std::string& small_synth();
+// A private copy of it that a test may damage.
+std::string copy_of_small_synth(const std::string& name);
+
+void write_bytes(const std::string& path, const std::string& bytes);
+std::string read_bytes(const std::string& path);
+
+struct RunResult {
+  int exit_code = 0;
+  std::string output;  // stdout and stderr together
+};
+// Runs build/trainer with `args` (a shell-quoted string).
+RunResult run_trainer(const std::string& args);
+
+}  // namespace headroom::test
