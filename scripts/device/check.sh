@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one script for the accelerator machine (shared/DEVICE.md): build against the machine's
+# torch with the carried libraries, run the whole suite, the benchmarks, and print a table.
+# Everything lands under $OUT. It also runs here, on the CPU:
+#   PYTHON=build-cuda/venv/bin/python OUT=/tmp/out bash scripts/device/check.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/headroom-device-out}
+PYTHON=${PYTHON:-python3}
+BUILD=${BUILD:-build-device}
+mkdir -p "$OUT"
+t0=$(date +%s)
+status() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+: > "$OUT/summary.txt"
+
+torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))') || { status torch "not importable with $PYTHON"; exit 1; }
+prefix="$torch_dir/share/cmake;$torch_dir"
+if [[ -d .device-deps/usr ]]; then
+  deps=$PWD/.device-deps/usr
+  prefix="$prefix;$deps"
+  export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "no nvidia-smi") > "$OUT/gpu.txt" 2>&1
+status gpu "$(tail -n +2 "$OUT/gpu.txt" | head -1)"
+
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
+     -DCUDAToolkit_ROOT=/usr/local/cuda -DTORCH_CUDA_ARCH_LIST=9.0 > "$OUT/configure.log" 2>&1; then
+  status configure ok
+else
+  status configure "FAILED (configure.log)"; tail -30 "$OUT/configure.log"; exit 1
+fi
+if ninja -C "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+  status build "ok ($(( $(date +%s) - t0 )) s)"
+else
+  status build "FAILED (build.log)"; grep -m 20 -A 5 'error' "$OUT/build.log"; exit 1
+fi
+"$BUILD/trainer" version --json > "$OUT/version.json" 2>&1
+status version "$(grep -o '"available": [a-z]*' "$OUT/version.json" | head -1)"
+ctest --test-dir "$BUILD" -j "$(nproc)" --output-on-failure > "$OUT/ctest.log" 2>&1
+status tests "$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+grep -E '\*\*\*Skipped|Skipped' "$OUT/ctest.log" | head -5 >> "$OUT/summary.txt"
+if "$BUILD/bench_loader" --out /tmp/headroom-bench-data --images 256 > "$OUT/bench_loader.jsonl" 2> "$OUT/bench_loader.err"; then
+  status bench_loader "$(wc -l < "$OUT/bench_loader.jsonl") lines"
+else
+  status bench_loader "FAILED (bench_loader.err)"
+fi
+status total "$(( $(date +%s) - t0 )) s"
+cat "$OUT/bench_loader.jsonl"
