@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 
 #include "headroom/data/image.h"
 
@@ -101,6 +102,23 @@ TEST(Image, ExifOrientationTurnsTheImageUpright) {
   const Image small = decode_image(jpeg.data(), jpeg.size(), 1 << 30, 8, 16);
   EXPECT_EQ(small.width, 8);
   EXPECT_EQ(small.height, 16);
+}
+
+TEST(Image, CmykJpegsDecodeToRgb) {
+  std::vector<uint8_t> cmyk(32 * 16 * 4);
+  for (size_t i = 0; i < cmyk.size(); i += 4) cmyk[i] = 255, cmyk[i + 1] = 0, cmyk[i + 2] = 0, cmyk[i + 3] = 255;
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(tjCompress2(tj, cmyk.data(), 32, 0, 16, TJPF_CMYK, &buf, &size, TJSAMP_444, 95, 0), 0);
+  const std::vector<uint8_t> jpeg(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(tj);
+  const Image img = decode_image(jpeg.data(), jpeg.size(), 1 << 30);
+  ASSERT_EQ(img.width, 32);
+  EXPECT_GT(px(img, 16, 8)[0], 240);
+  EXPECT_LT(px(img, 16, 8)[1], 15);
+  EXPECT_LT(px(img, 16, 8)[2], 15);
 }
 
 TEST(Image, EmptyTextAndForeignFilesAreNamed) {

@@ -23,5 +23,9 @@ for deb in "$dest"/debs/*.deb; do dpkg -x "$deb" "$dest"; done
 rm -rf "$dest/debs" "$dest/usr/share/doc" "$dest/usr/share/man"
 # Static libraries other than GoogleTest's are not linked and would blow the carry limit.
 find "$dest" -name '*.a' ! -name 'libgtest*' ! -name 'libgmock*' -delete
+# What Debian's alternatives would link: OpenCV needs libblas.so.3 and liblapack.so.3.
+lib="$dest/usr/lib/x86_64-linux-gnu"
+ln -sf blas/libblas.so.3 "$lib/libblas.so.3"
+ln -sf lapack/liblapack.so.3 "$lib/liblapack.so.3"
 touch "$dest/.complete"
 echo "bundle-deps: $dest ready ($(du -sh $dest | cut -f1))"

@@ -8,6 +8,7 @@
 #include "config_schema.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
+#include "headroom/core/yaml_file.h"
 
 namespace headroom {
 namespace {
@@ -52,18 +53,10 @@ class Loader {
   explicit Loader(Config& c) : c_(c) {}
 
   void load_file(const std::string& file) {
-    YAML::Node root;
-    try {
-      root = YAML::LoadFile(file);
-    } catch (const YAML::BadFile&) {
-      throw InputError(file + ": cannot open the config file (does it exist, is it readable?)");
-    } catch (const YAML::ParserException& e) {
-      throw InputError(format_location(file, e.mark.line + 1, e.mark.column + 1) +
-                       ": YAML syntax error: " + e.msg);
-    }
+    const YAML::Node root = load_yaml_file(file, "config file");
     if (root.IsNull()) return;  // an empty file means "all defaults"
     if (!root.IsMap()) {
-      add(format_location(file, root.Mark().line + 1, root.Mark().column + 1),
+      add(yaml_location(file, root.Mark()),
           "the config must be a mapping of keys (like 'train: {batch: 16}'), got a " +
               std::string(root.IsSequence() ? "list" : "single value"));
       return;
@@ -112,8 +105,7 @@ class Loader {
 
   void walk(const YAML::Node& map, const std::string& prefix, const std::string& file) {
     for (const auto& kv : map) {
-      const YAML::Mark m = kv.first.Mark();
-      const std::string where = format_location(file, m.line + 1, m.column + 1);
+      const std::string where = yaml_location(file, kv.first.Mark());
       if (!kv.first.IsScalar()) {
         add(where, "keys must be plain words");
         continue;

@@ -38,23 +38,18 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::optional<int64_t> parse_int(std::string_view s) {
+template <class T>
+static std::optional<T> parse_whole(std::string_view s) {
   s = trim(s);
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  int64_t v = 0;
+  T v{};
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
   return v;
 }
 
-std::optional<double> parse_double(std::string_view s) {
-  s = trim(s);
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  double v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
-  return v;
-}
+std::optional<int64_t> parse_int(std::string_view s) { return parse_whole<int64_t>(s); }
+std::optional<double> parse_double(std::string_view s) { return parse_whole<double>(s); }
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

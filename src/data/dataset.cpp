@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/core/threads.h"
+#include "headroom/core/yaml_file.h"
 #include "headroom/data/image.h"
 #include "headroom/data/labels.h"
 
@@ -52,9 +52,7 @@ int64_t Split::background_images() const {
 
 namespace {
 
-std::string at(const std::string& file, const YAML::Node& n) {
-  return format_location(file, n.Mark().line + 1, n.Mark().column + 1);
-}
+std::string at(const std::string& file, const YAML::Node& n) { return yaml_location(file, n.Mark()); }
 
 std::string resolve(const fs::path& base, const std::string& p) {
   const fs::path path(p);
@@ -121,14 +119,7 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
 }  // namespace
 
 DataSpec read_data_yaml(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw InputError(path + ": cannot open the data YAML (does it exist, is it readable?)");
-  } catch (const YAML::ParserException& e) {
-    throw InputError(format_location(path, e.mark.line + 1, e.mark.column + 1) + ": YAML syntax error: " + e.msg);
-  }
+  const YAML::Node root = load_yaml_file(path, "data YAML");
   if (!root.IsMap())
     throw InputError(path + ": a data YAML is a mapping with path, train, val and names (docs/data.md)");
   DataSpec spec;

@@ -161,8 +161,12 @@ Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
   Image img;
   img.width = sw;
   img.height = sh;
+  // CMYK/YCCK JPEGs (print workflows) decode as CMYK and are converted below.
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  std::vector<uint8_t> cmyk_pixels(cmyk ? size_t(sw) * sh * 4 : 0);
   img.pixels.resize(size_t(sw) * sh * 3);
-  if (tjDecompress2(tj, d, static_cast<unsigned long>(n), img.pixels.data(), sw, 0, sh, TJPF_RGB, 0) != 0) {
+  uint8_t* dst = cmyk ? cmyk_pixels.data() : img.pixels.data();
+  if (tjDecompress2(tj, d, static_cast<unsigned long>(n), dst, sw, 0, sh, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
     const std::string msg = tjGetErrorStr2(tj);
     // Warnings such as "extraneous bytes" leave a good image; missing or undecodable data
     // leaves part of it grey.
@@ -170,6 +174,11 @@ Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
     if (tjGetErrorCode(tj) != TJERR_WARNING || lower.find("premature end") != std::string::npos ||
         lower.find("huffman") != std::string::npos)
       throw ImageError("corrupt JPEG: " + msg);
+  }
+  // Adobe-style (inverted) CMYK, which nearly every CMYK JPEG is: R = C * K / 255, etc.
+  for (size_t i = 0; i < cmyk_pixels.size() / 4; ++i) {
+    const unsigned k = cmyk_pixels[4 * i + 3];
+    for (int c = 0; c < 3; ++c) img.pixels[3 * i + c] = static_cast<uint8_t>(cmyk_pixels[4 * i + c] * k / 255);
   }
   return img;
 }
