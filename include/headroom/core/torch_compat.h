@@ -1,0 +1,68 @@
+// Every LibTorch API difference between Debian's 1.13 and 2.x that Headroom meets, behind one
+// header; tests/test_torch_compat.cpp holds each wrapper to its behaviour on the build's version.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#define HEADROOM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// c10::Allocator::allocate is const in 1.13 and not from 2.3 on, which also made copy_data
+// pure virtual. An allocator declares `c10::DataPtr allocate(size_t n) HEADROOM_ALLOCATE_CONST
+// override;` and puts HEADROOM_ALLOCATOR_COPY_DATA in its class body.
+#if HEADROOM_TORCH_AT_LEAST(2, 3)
+#define HEADROOM_ALLOCATE_CONST
+#define HEADROOM_ALLOCATOR_COPY_DATA                                              \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { \
+    default_copy_data(dest, src, count);                                          \
+  }
+#else
+#define HEADROOM_ALLOCATE_CONST const
+#define HEADROOM_ALLOCATOR_COPY_DATA
+#endif
+
+namespace headroom::compat {
+
+// Autocast state per device type: 1.13 has separate CPU / GPU functions, 2.4+ takes the
+// device type (the old names remain but warn at run time).
+inline bool autocast_enabled(c10::DeviceType device) {
+#if HEADROOM_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+#if HEADROOM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::kCPU)
+    at::autocast::set_cpu_enabled(enabled);
+  else
+    at::autocast::set_enabled(enabled);
+#endif
+}
+
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+#if HEADROOM_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
+#if HEADROOM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::kCPU)
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  else
+    at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
+}  // namespace headroom::compat
