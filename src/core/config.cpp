@@ -224,4 +224,13 @@ const char* to_string(CacheMode m) {
 
 const char* to_string(OnError e) { return e == OnError::skip ? "skip" : "fail"; }
 
+const char* to_string(CheckpointMode m) {
+  switch (m) {
+    case CheckpointMode::off: return "off";
+    case CheckpointMode::stages: return "stages";
+    case CheckpointMode::all: return "all";
+  }
+  return "?";
+}
+
 }  // namespace headroom

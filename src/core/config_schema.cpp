@@ -166,6 +166,16 @@ std::vector<ConfigKey> build_schema() {
                    "Intra-op CPU threads for LibTorch; auto = all cores."),
       int_key<int64_t>("seed", [](Config& c) -> int64_t& { return c.seed; }, 0,
                        (int64_t{1} << 62), "Seed for shuffling and every random choice."),
+      // model
+      string_key("model.file", [](Config& c) -> std::string& { return c.model.file; }, "a model YAML",
+                 "Architecture in the Ultralytics model-YAML format; models/ holds yolov5n..x.yaml, "
+                 "yolov8.yaml (scales n..x) and centernet_*.yaml. A missing yolov8s.yaml means scale s "
+                 "of yolov8.yaml.", check_nonempty),
+      string_key("model.scale", [](Config& c) -> std::string& { return c.model.scale; }, "n | s | m | l | x or empty",
+                 "Scale of a file with a scales table; empty = from the file name, else the file's first."),
+      bool_key("model.channels_last", [](Config& c) -> bool& { return c.model.channels_last; },
+               "Keep 4-D weights and inputs in channels_last memory format (faster convolutions on "
+               "tensor cores)."),
       // data
       string_key("data.dataset", [](Config& c) -> std::string& { return c.data.dataset; },
                  "path to a data YAML",
@@ -198,6 +208,13 @@ std::vector<ConfigKey> build_schema() {
       // train
       int_key<int>("train.batch", [](Config& c) -> int& { return c.train.batch; }, 1, 65536,
                    "Images per micro-batch collated by the loader."),
+      // memory
+      enum_key<CheckpointMode>("memory.activation_checkpointing",
+                               [](Config& c) -> CheckpointMode& { return c.memory.activation_checkpointing; },
+                               {{"off", CheckpointMode::off}, {"stages", CheckpointMode::stages}, {"all", CheckpointMode::all}},
+                               "Recompute activations in backward instead of keeping them: stages = coarse "
+                               "segments (YOLO backbone/neck stages, one per Hourglass stack), all = fine "
+                               "segments (every YOLO layer, every Hourglass block sequence)."),
       // log
       string_key("log.level", [](Config& c) -> std::string& { return c.log.level; },
                  "trace | debug | info | warn | error",

@@ -14,6 +14,10 @@ namespace headroom {
 
 enum class CacheMode { none, ram, disk };
 enum class OnError { skip, fail };
+// memory.activation_checkpointing: which segments are recomputed in backward.
+//   stages: coarse (YOLO: backbone and neck stages; Hourglass: one segment per stack)
+//   all:    fine (YOLO: every layer with parameters; Hourglass: every block sequence of every level)
+enum class CheckpointMode { off, stages, all };
 
 // An integer setting that may be "auto", resolved where the run knows the machine.
 struct AutoInt {
@@ -32,6 +36,16 @@ struct DataConfig {
   int64_t max_pixels = 89478485;    // decompression-bomb limit (PIL's default)
 };
 
+struct ModelConfig {
+  std::string file = "models/yolov8n.yaml";  // Ultralytics-format model YAML
+  std::string scale;                         // "" = from the file name or the file
+  bool channels_last = false;
+};
+
+struct MemoryConfig {
+  CheckpointMode activation_checkpointing = CheckpointMode::off;
+};
+
 struct TrainConfig {
   int batch = 16;                   // micro-batch the loader collates
 };
@@ -48,8 +62,10 @@ struct Config {
   AutoInt threads;                  // intra-op threads; auto = all cores
   int64_t seed = 0;
 
+  ModelConfig model;
   DataConfig data;
   TrainConfig train;
+  MemoryConfig memory;
   LogConfig log;
 
   // Where each key's value came from ("configs/x.yaml:4:3", "command line", or absent when
@@ -80,5 +96,6 @@ Json config_to_json(const Config& c);
 
 const char* to_string(CacheMode m);
 const char* to_string(OnError e);
+const char* to_string(CheckpointMode m);
 
 }  // namespace headroom

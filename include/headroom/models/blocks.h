@@ -1,0 +1,165 @@
+// Building blocks of the YOLO (CSPDarknet) and Hourglass models, with the structure and
+// initialisation of the Ultralytics and xingyizhou/CenterNet references (so parameter counts
+// match exactly). Every convolution is a ConvBn: the unit that Conv+BN fusion and the FLOP
+// counter work on.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace headroom::models {
+
+struct ConvBnOptions {
+  ConvBnOptions(int64_t in, int64_t out, int64_t kernel) : in_(in), out_(out), kernel_(kernel) {}
+  TORCH_ARG(int64_t, in);
+  TORCH_ARG(int64_t, out);
+  TORCH_ARG(int64_t, kernel);
+  TORCH_ARG(int64_t, stride) = 1;
+  TORCH_ARG(int64_t, padding) = -1;  // -1: "same" for odd kernels (k / 2 * dilation)
+  TORCH_ARG(int64_t, groups) = 1;
+  TORCH_ARG(int64_t, dilation) = 1;
+  TORCH_ARG(bool, batch_norm) = true;  // without: the convolution has a bias
+  TORCH_ARG(double, bn_eps) = 1e-5;
+  TORCH_ARG(double, bn_momentum) = 0.1;
+};
+
+// Conv2d followed by BatchNorm2d (no activation). fuse() folds the BatchNorm into the
+// convolution for inference.
+class ConvBnImpl : public torch::nn::Module {
+ public:
+  explicit ConvBnImpl(const ConvBnOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  void fuse();
+  bool fused() const { return !bn; }
+
+  ConvBnOptions options;
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+};
+TORCH_MODULE(ConvBn);
+
+// Ultralytics Conv: conv (no bias) + BN (eps 1e-3, momentum 0.03) + SiLU.
+struct ConvOptions {
+  ConvOptions(int64_t in, int64_t out, int64_t kernel = 1, int64_t stride = 1) : in_(in), out_(out), kernel_(kernel), stride_(stride) {}
+  TORCH_ARG(int64_t, in);
+  TORCH_ARG(int64_t, out);
+  TORCH_ARG(int64_t, kernel);
+  TORCH_ARG(int64_t, stride);
+  TORCH_ARG(int64_t, padding) = -1;
+  TORCH_ARG(int64_t, groups) = 1;
+  TORCH_ARG(int64_t, dilation) = 1;
+  TORCH_ARG(bool, act) = true;
+};
+
+class ConvImpl : public torch::nn::Module {
+ public:
+  explicit ConvImpl(const ConvOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  ConvBn cb{nullptr};
+  bool act;
+};
+TORCH_MODULE(Conv);
+
+// Ultralytics Bottleneck(c1, c2, shortcut, g, k=(k1, k2), e).
+class BottleneckImpl : public torch::nn::Module {
+ public:
+  BottleneckImpl(int64_t c1, int64_t c2, bool shortcut, int64_t g, int64_t k1, int64_t k2, double e);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  bool add;
+};
+TORCH_MODULE(Bottleneck);
+
+// C3: CSP bottleneck with three convolutions (YOLOv5).
+class C3Impl : public torch::nn::Module {
+ public:
+  C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr};
+  torch::nn::Sequential m;
+};
+TORCH_MODULE(C3);
+
+// C2f: CSP bottleneck with two convolutions, every bottleneck's output concatenated (YOLOv8).
+class C2fImpl : public torch::nn::Module {
+ public:
+  C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  torch::nn::ModuleList m;
+  int64_t c;
+};
+TORCH_MODULE(C2f);
+
+// SPPF: three chained k x k max-pools, concatenated.
+class SPPFImpl : public torch::nn::Module {
+ public:
+  SPPFImpl(int64_t c1, int64_t c2, int64_t k);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  int64_t k;
+};
+TORCH_MODULE(SPPF);
+
+// SPP: parallel max-pools of several sizes, concatenated.
+class SPPImpl : public torch::nn::Module {
+ public:
+  SPPImpl(int64_t c1, int64_t c2, std::vector<int64_t> ks);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  std::vector<int64_t> ks;
+};
+TORCH_MODULE(SPP);
+
+// --- Hourglass (xingyizhou/CenterNet large_hourglass.py) ---------------------------------
+
+// "convolution": k x k conv (+ BN, or a bias without it) + ReLU.
+class HgConvImpl : public torch::nn::Module {
+ public:
+  HgConvImpl(int64_t k, int64_t c1, int64_t c2, int64_t stride = 1, bool with_bn = true);
+  at::Tensor forward(const at::Tensor& x);
+  ConvBn cb{nullptr};
+};
+TORCH_MODULE(HgConv);
+
+// "residual": two 3x3 ConvBn with ReLU between, plus a 1x1 ConvBn skip when the shape changes.
+class ResidualImpl : public torch::nn::Module {
+ public:
+  ResidualImpl(int64_t c1, int64_t c2, int64_t stride = 1);
+  at::Tensor forward(const at::Tensor& x);
+  ConvBn conv1{nullptr}, conv2{nullptr}, skip{nullptr};
+};
+TORCH_MODULE(Residual);
+
+// The Hourglass stem: 7x7/2 conv + residual/2, output stride 4.
+class HourglassStemImpl : public torch::nn::Module {
+ public:
+  HourglassStemImpl(int64_t c1, int64_t mid, int64_t out);
+  at::Tensor forward(const at::Tensor& x);
+  HgConv conv{nullptr};
+  Residual res{nullptr};
+};
+TORCH_MODULE(HourglassStem);
+
+// Sums the FLOPs of every ConvBn forward on this thread while alive (Ultralytics/thop rules:
+// a conv counts its multiply-adds, a BatchNorm 4 per element; FLOPs = 2 x MACs).
+class FlopCounter {
+ public:
+  FlopCounter();
+  ~FlopCounter();
+  double flops() const { return 2 * macs_; }
+  void add(double macs) { macs_ += macs; }
+
+ private:
+  double macs_ = 0;
+  FlopCounter* previous_;
+};
+
+}  // namespace headroom::models

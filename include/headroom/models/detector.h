@@ -1,0 +1,145 @@
+// The Detector: one model class for both families. A model file in the Ultralytics format
+// (rows of [from, repeats, module, args]) builds its layers; the last row is the head, and
+// the head decides the family: Detect (YOLOv8 anchor-free with DFL, or YOLOv5 with anchors)
+// or CenterNetHead (heatmap, size, offset on every Hourglass stack or on a stride-4 neck).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "headroom/core/json.h"
+#include "headroom/models/checkpoint.h"
+
+namespace headroom {
+struct Config;
+}
+
+namespace headroom::models {
+
+// Head outputs by name:
+//   YOLOv8    "pred":    per level [B, 4 * reg_max + nc, H, W] (DFL box bins, class logits)
+//   YOLOv5    "pred":    per level [B, anchors, H, W, 5 + nc] (xywh, objectness, class logits)
+//   CenterNet "heatmap": per stack [B, nc, H/4, W/4] logits; "size", "offset": [B, 2, H/4, W/4]
+using HeadOutputs = std::map<std::string, std::vector<at::Tensor>>;
+
+struct DetectorInfo {
+  std::string family;            // "yolov8" | "yolov5" | "centernet"
+  int64_t nc = 0;
+  std::vector<int64_t> strides;  // of the head's inputs, in pixels
+  int64_t reg_max = 0;           // YOLOv8: DFL bins per box side
+  at::Tensor anchors;            // YOLOv5: [levels, anchors, 2] (w, h) in pixels
+  int64_t stacks = 0;            // CenterNet: head outputs per name (Hourglass stacks)
+  int64_t input_multiple = 32;   // image sides must be multiples of this
+};
+
+// One built row of the model file, for the layer table.
+struct LayerSummary {
+  int index = 0;
+  std::string from;     // "-1", "[15, 18, 21]"
+  int repeats = 1;
+  std::string module;
+  std::string args;     // resolved arguments (input channels first), as Ultralytics prints them
+  int64_t params = 0;
+};
+
+// A built row: maps the outputs of its `from` rows to its own (one tensor for most layers).
+class LayerImpl : public torch::nn::Module {
+ public:
+  virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
+  // Layers with internal structure (Hourglass) checkpoint inside themselves.
+  virtual void set_checkpointing(CheckpointMode) {}
+  virtual bool has_internal_checkpointing() const { return false; }
+};
+
+// The last row.
+class HeadImpl : public torch::nn::Module {
+ public:
+  virtual HeadOutputs forward(const std::vector<at::Tensor>& features) = 0;
+  // Priors as the references set them, once the strides are known.
+  virtual void init_biases(const std::vector<int64_t>& strides) = 0;
+  virtual void describe(DetectorInfo& info) const = 0;
+  // Heads with large activations (CenterNet's 3x3 convolutions at stride 4) checkpoint in `all`.
+  virtual void set_checkpointing(CheckpointMode) {}
+};
+
+struct ModelSpec {
+  std::string file;          // model YAML; "yolov8s.yaml" means scale s of yolov8.yaml
+  std::string scale;         // "" = from the file name, else the file's first scale
+  int64_t nc = -1;           // -1 = the file's nc (the data set's class count overrides it)
+  int64_t channels = 3;
+};
+
+class DetectorImpl : public torch::nn::Module {
+ public:
+  explicit DetectorImpl(const ModelSpec& spec);
+
+  // images: [B, 3, H, W] float in [0, 1], H and W multiples of info().input_multiple.
+  HeadOutputs forward(const at::Tensor& images);
+
+  const DetectorInfo& info() const { return info_; }
+  const std::vector<LayerSummary>& layers() const { return summary_; }
+  const std::string& scale() const { return scale_; }
+  int64_t parameter_count(bool trainable_only = false) const;
+  // FLOPs of one forward at `size` x `size`, counted as Ultralytics does (at a small probe size,
+  // scaled by area).
+  double gflops(int64_t size);
+
+  void set_activation_checkpointing(CheckpointMode mode);
+  CheckpointMode activation_checkpointing() const { return checkpointing_; }
+  // Folds every BatchNorm into its convolution (inference only; outputs equal within 1e-5).
+  void fuse();
+  // Keeps 4-D weights in channels_last and feeds the input that way.
+  void set_channels_last(bool on);
+  bool channels_last() const { return channels_last_; }
+
+ private:
+  struct Row {
+    std::vector<int> from;  // absolute indices; -1 = the input image
+    std::shared_ptr<LayerImpl> layer;
+  };
+  struct Segment {
+    int begin = 0, end = 0;          // rows [begin, end]
+    bool checkpointed = false;
+    std::vector<int> inputs;         // rows outside whose outputs it reads (-1 = image)
+    std::vector<int> outputs;        // rows inside whose outputs are read after it
+  };
+
+  std::vector<at::Tensor> gather(const std::vector<int>& from, const std::vector<std::vector<at::Tensor>>& values,
+                                 const at::Tensor& image) const;
+  // Runs rows [begin, end], freeing every output after its last reader.
+  void run_rows(int begin, int end, std::vector<std::vector<at::Tensor>>& values, const at::Tensor& image);
+  size_t rows_output_count(int row) const;
+
+  std::vector<Row> rows_;
+  std::vector<int> head_from_;
+  std::shared_ptr<HeadImpl> head_;
+  torch::nn::ModuleList layer_list_;
+  DetectorInfo info_;
+  std::vector<LayerSummary> summary_;
+  std::string scale_;
+  std::vector<int> last_use_;       // per row: the last row (or rows_.size() for the head) reading it
+  std::vector<int64_t> row_strides_;  // output stride of each row
+  std::vector<size_t> output_counts_; // tensors each row outputs
+  CheckpointMode checkpointing_ = CheckpointMode::off;
+  std::vector<Segment> segments_;
+  bool channels_last_ = false;
+};
+TORCH_MODULE(Detector);
+
+// Config -> model spec (model.file, model.scale) with nc from the caller (the data set).
+ModelSpec model_spec(const Config& c, int64_t nc);
+// Builds the model with the config's options applied (activation checkpointing, channels_last).
+Detector build_detector(const Config& c, int64_t nc);
+
+// The layer table, parameter counts, strides and GFLOPs (trainer model).
+std::string format_model_summary(DetectorImpl& d, int64_t imgsz);
+Json model_summary_json(DetectorImpl& d, int64_t imgsz);
+
+}  // namespace headroom::models

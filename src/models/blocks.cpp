@@ -1,0 +1,164 @@
+#include "headroom/models/blocks.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/pooling.h>
+
+namespace headroom::models {
+
+namespace F = torch::nn::functional;
+
+namespace {
+thread_local FlopCounter* g_flop_counter = nullptr;
+}
+
+FlopCounter::FlopCounter() : previous_(g_flop_counter) { g_flop_counter = this; }
+FlopCounter::~FlopCounter() { g_flop_counter = previous_; }
+
+ConvBnImpl::ConvBnImpl(const ConvBnOptions& o) : options(o) {
+  const int64_t pad = o.padding() >= 0 ? o.padding() : o.dilation() * (o.kernel() - 1) / 2;
+  conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in(), o.out(), o.kernel())
+                                                        .stride(o.stride())
+                                                        .padding(pad)
+                                                        .groups(o.groups())
+                                                        .dilation(o.dilation())
+                                                        .bias(!o.batch_norm())));
+  if (o.batch_norm())
+    bn = register_module("bn", torch::nn::BatchNorm2d(
+                                   torch::nn::BatchNormOptions(o.out()).eps(o.bn_eps()).momentum(o.bn_momentum())));
+}
+
+at::Tensor ConvBnImpl::forward(const at::Tensor& x) {
+  at::Tensor y = conv->forward(x);
+  if (g_flop_counter) {
+    const auto& w = conv->weight;
+    g_flop_counter->add(double(y.numel()) * (double(w.size(1) * w.size(2) * w.size(3)) + (conv->bias.defined() ? 1 : 0)));
+    if (bn) g_flop_counter->add(4.0 * double(y.numel()));
+  }
+  return bn ? bn->forward(y) : y;
+}
+
+void ConvBnImpl::fuse() {
+  if (!bn) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor scale = bn->weight / at::sqrt(bn->running_var + bn->options.eps());  // [out]
+  const at::Tensor bias = conv->bias.defined() ? conv->bias : at::zeros_like(bn->running_mean);
+  const auto& o = conv->options;
+  torch::nn::Conv2d fused(torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+                              .stride(o.stride())
+                              .padding(o.padding())
+                              .dilation(o.dilation())
+                              .groups(o.groups())
+                              .bias(true));
+  fused->to(conv->weight.device(), conv->weight.scalar_type());
+  fused->weight.copy_(conv->weight * scale.view({-1, 1, 1, 1}));
+  fused->bias.copy_((bias - bn->running_mean) * scale + bn->bias);
+  fused->train(is_training());
+  conv = replace_module("conv", fused);
+  unregister_module("bn");
+  bn = nullptr;
+}
+
+ConvImpl::ConvImpl(const ConvOptions& o) : act(o.act()) {
+  cb = register_module("cb", ConvBn(ConvBnOptions(o.in(), o.out(), o.kernel())
+                                        .stride(o.stride())
+                                        .padding(o.padding())
+                                        .groups(o.groups())
+                                        .dilation(o.dilation())
+                                        .bn_eps(1e-3)
+                                        .bn_momentum(0.03)));
+}
+
+at::Tensor ConvImpl::forward(const at::Tensor& x) {
+  at::Tensor y = cb->forward(x);
+  return act ? at::silu(y) : y;
+}
+
+BottleneckImpl::BottleneckImpl(int64_t c1, int64_t c2, bool shortcut, int64_t g, int64_t k1, int64_t k2, double e)
+    : add(shortcut && c1 == c2) {
+  const int64_t c_ = static_cast<int64_t>(double(c2) * e);
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, k1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions(c_, c2, k2, 1).groups(g)));
+}
+
+at::Tensor BottleneckImpl::forward(const at::Tensor& x) {
+  at::Tensor y = cv2->forward(cv1->forward(x));
+  return add ? x + y : y;
+}
+
+C3Impl::C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e) {
+  const int64_t c_ = static_cast<int64_t>(double(c2) * e);
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions(c1, c_, 1, 1)));
+  cv3 = register_module("cv3", Conv(ConvOptions(2 * c_, c2, 1)));
+  for (int64_t i = 0; i < n; ++i) m->push_back(Bottleneck(c_, c_, shortcut, g, 1, 3, 1.0));
+  register_module("m", m);
+}
+
+at::Tensor C3Impl::forward(const at::Tensor& x) {
+  return cv3->forward(at::cat({m->forward(cv1->forward(x)), cv2->forward(x)}, 1));
+}
+
+C2fImpl::C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e)
+    : c(static_cast<int64_t>(double(c2) * e)) {
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, 2 * c, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions((2 + n) * c, c2, 1)));
+  for (int64_t i = 0; i < n; ++i) m->push_back(Bottleneck(c, c, shortcut, g, 3, 3, 1.0));
+  register_module("m", m);
+}
+
+at::Tensor C2fImpl::forward(const at::Tensor& x) {
+  std::vector<at::Tensor> y = cv1->forward(x).chunk(2, 1);
+  for (const auto& b : *m) y.push_back(b->as<Bottleneck>()->forward(y.back()));
+  return cv2->forward(at::cat(y, 1));
+}
+
+SPPFImpl::SPPFImpl(int64_t c1, int64_t c2, int64_t k_) : k(k_) {
+  const int64_t c_ = c1 / 2;
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions(c_ * 4, c2, 1, 1)));
+}
+
+at::Tensor SPPFImpl::forward(const at::Tensor& x) {
+  std::vector<at::Tensor> y = {cv1->forward(x)};
+  for (int i = 0; i < 3; ++i) y.push_back(at::max_pool2d(y.back(), {k, k}, {1, 1}, {k / 2, k / 2}));
+  return cv2->forward(at::cat(y, 1));
+}
+
+SPPImpl::SPPImpl(int64_t c1, int64_t c2, std::vector<int64_t> ks_) : ks(std::move(ks_)) {
+  const int64_t c_ = c1 / 2;
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions(c_ * int64_t(ks.size() + 1), c2, 1, 1)));
+}
+
+at::Tensor SPPImpl::forward(const at::Tensor& x) {
+  const at::Tensor y = cv1->forward(x);
+  std::vector<at::Tensor> parts = {y};
+  for (int64_t k : ks) parts.push_back(at::max_pool2d(y, {k, k}, {1, 1}, {k / 2, k / 2}));
+  return cv2->forward(at::cat(parts, 1));
+}
+
+HgConvImpl::HgConvImpl(int64_t k, int64_t c1, int64_t c2, int64_t stride, bool with_bn) {
+  cb = register_module("cb", ConvBn(ConvBnOptions(c1, c2, k).stride(stride).batch_norm(with_bn)));
+}
+
+at::Tensor HgConvImpl::forward(const at::Tensor& x) { return at::relu(cb->forward(x)); }
+
+ResidualImpl::ResidualImpl(int64_t c1, int64_t c2, int64_t stride) {
+  conv1 = register_module("conv1", ConvBn(ConvBnOptions(c1, c2, 3).stride(stride)));
+  conv2 = register_module("conv2", ConvBn(ConvBnOptions(c2, c2, 3)));
+  if (stride != 1 || c1 != c2) skip = register_module("skip", ConvBn(ConvBnOptions(c1, c2, 1).stride(stride)));
+}
+
+at::Tensor ResidualImpl::forward(const at::Tensor& x) {
+  const at::Tensor y = conv2->forward(at::relu(conv1->forward(x)));
+  return at::relu(y + (skip ? skip->forward(x) : x));
+}
+
+HourglassStemImpl::HourglassStemImpl(int64_t c1, int64_t mid, int64_t out) {
+  conv = register_module("conv", HgConv(7, c1, mid, 2));
+  res = register_module("res", Residual(mid, out, 2));
+}
+
+at::Tensor HourglassStemImpl::forward(const at::Tensor& x) { return res->forward(conv->forward(x)); }
+
+}  // namespace headroom::models

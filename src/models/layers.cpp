@@ -1,0 +1,557 @@
+#include "layers.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/upsampling.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/text.h"
+
+namespace headroom::models {
+
+// ---------------------------------------------------------------------------------------
+// Arguments
+
+void RowContext::fail(const std::string& why) const { throw InputError(where + ": " + why); }
+
+bool RowContext::given(size_t i) const {
+  if (i >= args.size()) return false;
+  const YAML::Node& a = args[i];
+  return !(a.IsNull() || (a.IsScalar() && (a.Scalar() == "None" || a.Scalar() == "null")));
+}
+
+int64_t RowContext::integer(size_t i, int64_t fallback) const {
+  if (!given(i)) return fallback;
+  const YAML::Node& a = args[i];
+  if (a.IsScalar() && a.Scalar() == "nc") return nc;
+  const auto v = a.IsScalar() ? parse_int(a.Scalar()) : std::nullopt;
+  if (!v) fail("argument " + std::to_string(i + 1) + " must be an integer, got '" + (a.IsScalar() ? a.Scalar() : "a list") + "'");
+  return *v;
+}
+
+double RowContext::number(size_t i, double fallback) const {
+  if (!given(i)) return fallback;
+  const auto v = args[i].IsScalar() ? parse_double(args[i].Scalar()) : std::nullopt;
+  if (!v) fail("argument " + std::to_string(i + 1) + " must be a number");
+  return *v;
+}
+
+bool RowContext::boolean(size_t i, bool fallback) const {
+  if (!given(i)) return fallback;
+  const std::string s = args[i].IsScalar() ? to_lower(args[i].Scalar()) : "";
+  if (s == "true") return true;
+  if (s == "false") return false;
+  fail("argument " + std::to_string(i + 1) + " must be True or False");
+}
+
+std::string RowContext::text(size_t i, const std::string& fallback) const {
+  if (!given(i)) return fallback;
+  if (!args[i].IsScalar()) fail("argument " + std::to_string(i + 1) + " must be a word");
+  return args[i].Scalar();
+}
+
+std::vector<int64_t> RowContext::integers(size_t i, std::vector<int64_t> fallback) const {
+  if (!given(i)) return fallback;
+  const YAML::Node& a = args[i];
+  if (!a.IsSequence()) fail("argument " + std::to_string(i + 1) + " must be a list of integers");
+  std::vector<int64_t> out;
+  for (const auto& v : a) {
+    const auto n = v.IsScalar() ? parse_int(v.Scalar()) : std::nullopt;
+    if (!n) fail("argument " + std::to_string(i + 1) + " must be a list of integers");
+    out.push_back(*n);
+  }
+  return out;
+}
+
+int64_t RowContext::scaled(int64_t c) const {
+  if (c == nc) return c;
+  const double v = double(std::min(c, max_channels)) * width;
+  return static_cast<int64_t>(std::ceil(v / 8.0)) * 8;
+}
+
+namespace {
+
+std::string list_text(const std::vector<std::string>& items) {
+  std::string s = "[";
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
+  return s + "]";
+}
+
+std::string ints_text(const std::vector<int64_t>& v) {
+  std::vector<std::string> s;
+  for (int64_t x : v) s.push_back(std::to_string(x));
+  return list_text(s);
+}
+
+std::string bool_text(bool b) { return b ? "True" : "False"; }
+
+std::string num_text(double v) {
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+// ---------------------------------------------------------------------------------------
+// Layers
+
+class ConcatLayerImpl : public LayerImpl {
+ public:
+  explicit ConcatLayerImpl(int64_t dim) : dim_(dim) {}
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::cat(in, dim_)}; }
+
+ private:
+  int64_t dim_;
+};
+
+class UpsampleLayerImpl : public LayerImpl {
+ public:
+  explicit UpsampleLayerImpl(double scale) : scale_(scale) {}
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    namespace F = torch::nn::functional;
+    return {F::interpolate(in[0], F::InterpolateFuncOptions().scale_factor(std::vector<double>{scale_, scale_}).mode(torch::kNearest))};
+  }
+
+ private:
+  double scale_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Heads
+
+// YOLOv8 Detect: per level a box branch (DFL bins) and a class branch.
+class DetectV8Impl : public HeadImpl {
+ public:
+  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, int64_t reg_max = 16) : nc_(nc), reg_max_(reg_max) {
+    const int64_t c2 = std::max({int64_t(16), ch[0] / 4, reg_max * 4}), c3 = std::max(ch[0], std::min(nc, int64_t(100)));
+    for (size_t i = 0; i < ch.size(); ++i) {
+      torch::nn::Sequential box(Conv(ConvOptions(ch[i], c2, 3)), Conv(ConvOptions(c2, c2, 3)),
+                                ConvBn(ConvBnOptions(c2, 4 * reg_max, 1).batch_norm(false)));
+      torch::nn::Sequential cls(Conv(ConvOptions(ch[i], c3, 3)), Conv(ConvOptions(c3, c3, 3)),
+                                ConvBn(ConvBnOptions(c3, nc, 1).batch_norm(false)));
+      cv2->push_back(box);
+      cv3->push_back(cls);
+    }
+    register_module("cv2", cv2);
+    register_module("cv3", cv3);
+    // The DFL projection: a frozen 1x1 conv whose weights are the bin indices; the decoder uses
+    // it to turn bin distributions into distances (16 parameters, counted as the reference does).
+    dfl = register_module("dfl", torch::nn::Conv2d(torch::nn::Conv2dOptions(reg_max, 1, 1).bias(false)));
+    at::NoGradGuard no_grad;
+    dfl->weight.copy_(at::arange(reg_max, at::kFloat).view({1, reg_max, 1, 1}));
+    dfl->weight.set_requires_grad(false);
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    std::vector<at::Tensor> pred;
+    for (size_t i = 0; i < x.size(); ++i)
+      pred.push_back(at::cat({cv2[i]->as<torch::nn::Sequential>()->forward(x[i]),
+                              cv3[i]->as<torch::nn::Sequential>()->forward(x[i])}, 1));
+    return {{"pred", pred}};
+  }
+
+  void init_biases(const std::vector<int64_t>& strides) override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < strides.size(); ++i) {
+      last_conv(cv2[i])->bias.fill_(1.0);  // box
+      // Class prior: about 5 objects of nc classes in a 640 image, per cell of this level.
+      last_conv(cv3[i])->bias.fill_(std::log(5.0 / double(nc_) / std::pow(640.0 / double(strides[i]), 2)));
+    }
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "yolov8";
+    info.nc = nc_;
+    info.reg_max = reg_max_;
+  }
+
+  static torch::nn::Conv2d last_conv(const std::shared_ptr<torch::nn::Module>& seq) {
+    auto s = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq);
+    return s->ptr(s->size() - 1)->as<ConvBnImpl>()->conv;
+  }
+
+  torch::nn::ModuleList cv2, cv3;
+  torch::nn::Conv2d dfl{nullptr};
+
+ private:
+  int64_t nc_, reg_max_;
+};
+
+// YOLOv5 Detect: per level one 1x1 conv to anchors x (5 + nc).
+class DetectV5Impl : public HeadImpl {
+ public:
+  DetectV5Impl(int64_t nc, at::Tensor anchors, const std::vector<int64_t>& ch) : nc_(nc) {
+    na_ = anchors.size(1);
+    anchors_ = register_buffer("anchors", anchors);
+    for (int64_t c : ch) m->push_back(ConvBn(ConvBnOptions(c, na_ * (nc + 5), 1).batch_norm(false)));
+    register_module("m", m);
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    std::vector<at::Tensor> pred;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const at::Tensor y = m[i]->as<ConvBnImpl>()->forward(x[i]);  // [B, na * no, H, W]
+      pred.push_back(y.view({y.size(0), na_, nc_ + 5, y.size(2), y.size(3)}).permute({0, 1, 3, 4, 2}).contiguous());
+    }
+    return {{"pred", pred}};
+  }
+
+  void init_biases(const std::vector<int64_t>& strides) override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < strides.size(); ++i) {
+      at::Tensor b = m[i]->as<ConvBnImpl>()->conv->bias.view({na_, -1});
+      b.select(1, 4).add_(std::log(8.0 / std::pow(640.0 / double(strides[i]), 2)));  // 8 objects per 640 image
+      b.narrow(1, 5, nc_).add_(std::log(0.6 / (double(nc_) - 0.99999)));
+    }
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "yolov5";
+    info.nc = nc_;
+    info.anchors = anchors_;
+  }
+
+  torch::nn::ModuleList m;
+
+ private:
+  int64_t nc_, na_;
+  at::Tensor anchors_;
+};
+
+// CenterNet heads on every input (Hourglass stack or neck output): 3x3 conv + ReLU + 1x1.
+class CenterNetHeadImpl : public HeadImpl {
+ public:
+  CenterNetHeadImpl(int64_t nc, int64_t width, const std::vector<int64_t>& ch) : nc_(nc) {
+    for (const auto& [name, out] : std::vector<std::pair<std::string, int64_t>>{{"heatmap", nc}, {"size", 2}, {"offset", 2}}) {
+      torch::nn::ModuleList list;
+      for (int64_t c : ch)
+        list->push_back(torch::nn::Sequential(HgConv(3, c, width, 1, /*with_bn=*/false),
+                                              ConvBn(ConvBnOptions(width, out, 1).batch_norm(false))));
+      heads_.emplace_back(name, register_module(name, list));
+    }
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    HeadOutputs out;
+    for (auto& [name, list] : heads_)
+      for (size_t i = 0; i < x.size(); ++i) {
+        torch::nn::Sequential head(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(list[i]));
+        // at::alias: one reader of x per head, as in HourglassLevelImpl::forward.
+        out[name].push_back(checkpointed_ ? checkpoint_module(head, at::alias(x[i])) : head->forward(at::alias(x[i])));
+      }
+    return out;
+  }
+
+  void set_checkpointing(CheckpointMode mode) override { checkpointed_ = mode == CheckpointMode::all; }
+
+  void init_biases(const std::vector<int64_t>&) override {
+    at::NoGradGuard no_grad;
+    for (const auto& m : *heads_[0].second)  // heatmap: sigmoid(-2.19) = 0.1, the focal-loss prior
+      DetectV8Impl::last_conv(m)->bias.fill_(-2.19);
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "centernet";
+    info.nc = nc_;
+    info.stacks = static_cast<int64_t>(heads_[0].second->size());
+  }
+
+ private:
+  int64_t nc_;
+  std::vector<std::pair<std::string, torch::nn::ModuleList>> heads_;
+  bool checkpointed_ = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Sequential layer, Hourglass
+
+SequentialLayerImpl::SequentialLayerImpl(torch::nn::Sequential s) : seq(register_module("m", s)) {}
+
+std::vector<at::Tensor> SequentialLayerImpl::forward(const std::vector<at::Tensor>& inputs) {
+  return {seq->forward(inputs[0])};
+}
+
+namespace {
+
+torch::nn::Sequential residuals(int64_t c1, int64_t c2, int64_t n, int64_t first_stride = 1) {
+  torch::nn::Sequential s;
+  s->push_back(Residual(c1, c2, first_stride));
+  for (int64_t i = 1; i < n; ++i) s->push_back(Residual(c2, c2));
+  return s;
+}
+
+// make_layer_revr: n - 1 blocks at c1, the last one to c2.
+torch::nn::Sequential residuals_revr(int64_t c1, int64_t c2, int64_t n) {
+  torch::nn::Sequential s;
+  for (int64_t i = 0; i + 1 < n; ++i) s->push_back(Residual(c1, c1));
+  s->push_back(Residual(c1, c2));
+  return s;
+}
+
+at::Tensor run_blocks(torch::nn::Sequential s, const at::Tensor& x, bool checkpointed) {
+  return checkpointed ? checkpoint_module(s, x) : s->forward(x);
+}
+
+at::Tensor upsample2(const at::Tensor& x) {
+  namespace F = torch::nn::functional;
+  return F::interpolate(x, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest));
+}
+
+}  // namespace
+
+HourglassLevelImpl::HourglassLevelImpl(const std::vector<int64_t>& dims, const std::vector<int64_t>& blocks) {
+  up1 = register_module("up1", residuals(dims[0], dims[0], blocks[0]));
+  low1 = register_module("low1", residuals(dims[0], dims[1], blocks[0], /*first_stride=*/2));  // no max-pool
+  if (dims.size() > 2)
+    low2 = register_module("low2", std::make_shared<HourglassLevelImpl>(std::vector<int64_t>(dims.begin() + 1, dims.end()),
+                                                                       std::vector<int64_t>(blocks.begin() + 1, blocks.end())));
+  else
+    low2_blocks = register_module("low2", residuals(dims[1], dims[1], blocks[1]));
+  low3 = register_module("low3", residuals_revr(dims[1], dims[0], blocks[0]));
+}
+
+// Each block sequence reads its input through its own alias: the gradient of x is then the sum
+// of exactly two terms in every checkpointing mode, so checkpointing changes no bit of it
+// (with a checkpoint boundary between several readers, floating-point sums would group differently).
+at::Tensor HourglassLevelImpl::forward(const at::Tensor& x) {
+  const bool c = checkpoint_blocks;
+  const at::Tensor up = run_blocks(up1, at::alias(x), c);
+  const at::Tensor l1 = run_blocks(low1, at::alias(x), c);
+  const at::Tensor l2 = low2 ? low2->forward(l1) : run_blocks(low2_blocks, l1, c);
+  return up + upsample2(run_blocks(low3, l2, c));
+}
+
+HourglassImpl::HourglassImpl(int64_t stacks, const std::vector<int64_t>& dims, const std::vector<int64_t>& blocks, int64_t out) {
+  for (int64_t s = 0; s < stacks; ++s) {
+    kps.push_back(register_module("kps" + std::to_string(s), std::make_shared<HourglassLevelImpl>(dims, blocks)));
+    cnvs.push_back(register_module("cnvs" + std::to_string(s), HgConv(3, dims[0], out)));
+  }
+  for (int64_t s = 0; s + 1 < stacks; ++s) {
+    inters.push_back(register_module("inters" + std::to_string(s), Residual(dims[0], dims[0])));
+    inters_.push_back(register_module("inters_" + std::to_string(s), ConvBn(ConvBnOptions(dims[0], dims[0], 1))));
+    cnvs_.push_back(register_module("cnvs_" + std::to_string(s), ConvBn(ConvBnOptions(out, dims[0], 1))));
+  }
+}
+
+void HourglassImpl::set_checkpointing(CheckpointMode m) {
+  mode = m;
+  std::function<void(HourglassLevelImpl&)> mark = [&](HourglassLevelImpl& level) {
+    level.checkpoint_blocks = m == CheckpointMode::all;
+    if (level.low2) mark(*level.low2);
+  };
+  for (auto& kp : kps) mark(*kp);
+}
+
+std::vector<at::Tensor> HourglassImpl::forward(const std::vector<at::Tensor>& inputs) {
+  at::Tensor inter = inputs[0];
+  std::vector<at::Tensor> outs;
+  for (size_t s = 0; s < kps.size(); ++s) {
+    at::Tensor cnv;
+    if (mode == CheckpointMode::stages) {  // one segment per stack: keep only its input
+      auto kp = kps[s];
+      auto cv = cnvs[s];
+      cnv = checkpoint([kp, cv](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{cv->forward(kp->forward(in[0]))}; },
+                       {at::alias(inter)}, {kp.get(), cv.ptr().get()})[0];
+    } else {
+      const at::Tensor kp = kps[s]->forward(at::alias(inter));  // the alias: see HourglassLevelImpl::forward
+      cnv = mode == CheckpointMode::all ? checkpoint_module(cnvs[s], kp) : cnvs[s]->forward(kp);
+    }
+    outs.push_back(cnv);
+    if (s + 1 >= kps.size()) continue;
+    if (mode == CheckpointMode::all) {  // the join between stacks is a block too
+      auto a = inters_[s], b = cnvs_[s];
+      auto r = inters[s];
+      inter = checkpoint([a, b, r](const std::vector<at::Tensor>& in) mutable {
+                return std::vector<at::Tensor>{r->forward(at::relu(a->forward(in[0]) + b->forward(in[1])))};
+              }, {inter, cnv}, {a.ptr().get(), b.ptr().get(), r.ptr().get()})[0];
+    } else {
+      inter = inters[s]->forward(at::relu(inters_[s]->forward(inter) + cnvs_[s]->forward(cnv)));
+    }
+  }
+  return outs;
+}
+
+// ---------------------------------------------------------------------------------------
+// The registry
+
+namespace {
+
+// Single-tensor modules: `repeats` copies in a row (the same arguments each, as Ultralytics).
+template <class Make>
+BuiltRow sequential_row(const RowContext& c, int64_t c2, int64_t stride_factor, const std::string& args, Make make) {
+  if (c.repeats > 1 && c.channels[0] != c2)
+    c.fail("repeating it " + std::to_string(c.repeats) + " times needs equal input and output channels (" +
+           std::to_string(c.channels[0]) + " vs " + std::to_string(c2) + ")");
+  torch::nn::Sequential seq;
+  for (int64_t i = 0; i < c.repeats; ++i) seq->push_back(make());
+  BuiltRow r;
+  r.layer = std::make_shared<SequentialLayerImpl>(seq);
+  r.channels = c2;
+  r.stride = c.strides[0] * stride_factor;
+  r.input_multiple = c.strides[0] * stride_factor;
+  r.args = args;
+  return r;
+}
+
+void single_input(const RowContext& c, const char* module) {
+  if (c.channels.size() != 1) c.fail(std::string(module) + " takes one input (from), got " + std::to_string(c.channels.size()));
+}
+
+std::map<std::string, RowBuilder> make_registry() {
+  std::map<std::string, RowBuilder> r;
+  r["Conv"] = [](const RowContext& c) {
+    single_input(c, "Conv");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 1), s = c.integer(2, 1);
+    const int64_t p = c.integer(3, -1), g = c.integer(4, 1), d = c.integer(5, 1);
+    const bool act = c.boolean(6, true);
+    if (c2 <= 0 || k <= 0 || s <= 0) c.fail("Conv needs [channels, kernel, stride, ...] with positive values");
+    std::string args = ints_text({c1, c2, k, s});
+    if (c.given(3)) args = args.substr(0, args.size() - 1) + ", " + std::to_string(p) + "]";
+    return sequential_row(c, c2, s, args, [=] { return Conv(ConvOptions(c1, c2, k, s).padding(p).groups(g).dilation(d).act(act)); });
+  };
+  r["Bottleneck"] = [](const RowContext& c) {
+    single_input(c, "Bottleneck");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), g = c.integer(2, 1);
+    const bool shortcut = c.boolean(1, true);
+    const std::vector<int64_t> k = c.integers(3, {3, 3});
+    const double e = c.number(4, 0.5);
+    if (k.size() != 2) c.fail("Bottleneck kernel sizes are a pair [k1, k2]");
+    return sequential_row(c, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + bool_text(shortcut) + "]",
+                          [=] { return Bottleneck(c1, c2, shortcut, g, k[0], k[1], e); });
+  };
+  // C3 and C2f take the repeats as their bottleneck count (n), not as copies.
+  for (const char* name : {"C3", "C2f"}) {
+    const bool v8 = std::string(name) == "C2f";
+    r[name] = [v8, name](const RowContext& c) {
+      single_input(c, name);
+      const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats, g = c.integer(2, 1);
+      const bool shortcut = c.boolean(1, !v8);
+      const double e = c.number(3, 0.5);
+      RowContext once = c;
+      once.repeats = 1;
+      const std::string args = "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) +
+                               (c.given(1) ? ", " + bool_text(shortcut) : "") + "]";
+      return sequential_row(once, c2, 1, args, [=]() -> torch::nn::AnyModule {
+        if (v8) return torch::nn::AnyModule(C2f(c1, c2, n, shortcut, g, e));
+        return torch::nn::AnyModule(C3(c1, c2, n, shortcut, g, e));
+      });
+    };
+  }
+  r["SPPF"] = [](const RowContext& c) {
+    single_input(c, "SPPF");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 5);
+    return sequential_row(c, c2, 1, ints_text({c1, c2, k}), [=] { return SPPF(c1, c2, k); });
+  };
+  r["SPP"] = [](const RowContext& c) {
+    single_input(c, "SPP");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0));
+    const std::vector<int64_t> ks = c.integers(1, {5, 9, 13});
+    return sequential_row(c, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + ints_text(ks) + "]",
+                          [=] { return SPP(c1, c2, ks); });
+  };
+  r["Concat"] = [](const RowContext& c) {
+    const int64_t dim = c.integer(0, 1);
+    if (dim != 1) c.fail("Concat joins channels: dimension must be 1");
+    BuiltRow b;
+    b.layer = std::make_shared<ConcatLayerImpl>(dim);
+    for (size_t i = 0; i < c.channels.size(); ++i) {
+      if (c.strides[i] != c.strides[0])
+        c.fail("Concat inputs have different strides (" + std::to_string(c.strides[0]) + " and " + std::to_string(c.strides[i]) + ")");
+      b.channels += c.channels[i];
+    }
+    b.stride = c.strides[0];
+    b.args = "[" + std::to_string(dim) + "]";
+    return b;
+  };
+  r["nn.Upsample"] = [](const RowContext& c) {
+    single_input(c, "nn.Upsample");
+    const double scale = c.number(1, 2.0);
+    const std::string mode = c.text(2, "nearest");
+    if (c.given(0)) c.fail("nn.Upsample to a fixed size is not supported; use [None, scale, 'nearest']");
+    if (mode != "nearest") c.fail("nn.Upsample mode '" + mode + "' is not supported; use 'nearest'");
+    if (scale != std::floor(scale) || scale < 1 || c.strides[0] % int64_t(scale) != 0)
+      c.fail("nn.Upsample scale must be a whole number that divides the input stride");
+    BuiltRow b;
+    b.layer = std::make_shared<UpsampleLayerImpl>(scale);
+    b.channels = c.channels[0];
+    b.stride = c.strides[0] / int64_t(scale);
+    b.args = "[None, " + num_text(scale) + ", 'nearest']";
+    return b;
+  };
+  r["Detect"] = [](const RowContext& c) {
+    const int64_t nc = c.integer(0, c.nc);
+    BuiltRow b;
+    b.args = "[" + std::to_string(nc);
+    if (c.given(1)) {  // YOLOv5: [nc, anchors]
+      const YAML::Node a = c.args[1].IsScalar() && c.args[1].Scalar() == "anchors" ? c.anchors : c.args[1];
+      if (!a || !a.IsSequence() || a.size() != c.channels.size())
+        c.fail("Detect anchors must list one row of w,h pairs per input level (" + std::to_string(c.channels.size()) + ")");
+      std::vector<float> values;
+      int64_t na = -1;
+      for (const auto& level : a) {
+        if (!level.IsSequence() || level.size() % 2 || (na >= 0 && int64_t(level.size()) / 2 != na))
+          c.fail("each anchor row must hold the same number of w,h pairs");
+        na = int64_t(level.size()) / 2;
+        for (const auto& v : level) {
+          const auto x = v.IsScalar() ? parse_double(v.Scalar()) : std::nullopt;
+          if (!x || *x <= 0) c.fail("anchor sizes must be positive numbers");
+          values.push_back(float(*x));
+        }
+      }
+      at::Tensor anchors = at::tensor(values).view({int64_t(a.size()), na, 2});
+      b.head = std::make_shared<DetectV5Impl>(nc, anchors, c.channels);
+      b.args += ", anchors " + std::to_string(a.size()) + "x" + std::to_string(na);
+    } else {
+      b.head = std::make_shared<DetectV8Impl>(nc, c.channels);
+    }
+    b.args += ", " + ints_text(c.channels) + "]";
+    return b;
+  };
+  r["HourglassStem"] = [](const RowContext& c) {
+    single_input(c, "HourglassStem");
+    const int64_t c1 = c.channels[0], mid = c.integer(0, 128), out = c.integer(1, 256);
+    RowContext once = c;
+    once.repeats = 1;
+    // 7x7/2 conv + residual/2: output stride 4.
+    return sequential_row(once, out, 4, ints_text({c1, mid, out}),
+                          [=] { return HourglassStem(c1, mid, out); });
+  };
+  r["Hourglass"] = [](const RowContext& c) {
+    single_input(c, "Hourglass");
+    const int64_t stacks = c.integer(0, 2), out = c.integer(3, 256);
+    const std::vector<int64_t> dims = c.integers(1, {256, 256, 384, 384, 384, 512});
+    const std::vector<int64_t> blocks = c.integers(2, {2, 2, 2, 2, 2, 4});
+    if (stacks < 1 || dims.size() < 2 || dims.size() != blocks.size())
+      c.fail("Hourglass takes [stacks, channels per level, blocks per level, output channels] with as many blocks as channels (at least 2)");
+    if (dims[0] != c.channels[0])
+      c.fail("Hourglass's first level has " + std::to_string(dims[0]) + " channels but its input has " + std::to_string(c.channels[0]));
+    BuiltRow b;
+    b.layer = std::make_shared<HourglassImpl>(stacks, dims, blocks, out);
+    b.channels = out;
+    b.outputs = stacks;
+    b.stride = c.strides[0];
+    b.input_multiple = c.strides[0] << (dims.size() - 1);  // every level halves the size
+    b.args = "[" + std::to_string(stacks) + ", " + ints_text(dims) + ", " + ints_text(blocks) + ", " + std::to_string(out) + "]";
+    return b;
+  };
+  r["CenterNetHead"] = [](const RowContext& c) {
+    const int64_t nc = c.integer(0, c.nc), width = c.integer(1, 256);
+    BuiltRow b;
+    b.head = std::make_shared<CenterNetHeadImpl>(nc, width, c.channels);
+    b.args = "[" + std::to_string(nc) + ", " + std::to_string(width) + ", " + ints_text(c.channels) + "]";
+    return b;
+  };
+  return r;
+}
+
+}  // namespace
+
+const std::map<std::string, RowBuilder>& row_builders() {
+  static const std::map<std::string, RowBuilder> registry = make_registry();
+  return registry;
+}
+
+}  // namespace headroom::models

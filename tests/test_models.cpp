@@ -1,0 +1,220 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "headroom/core/errors.h"
+#include "headroom/models/detector.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::models;
+
+namespace {
+
+std::string model_path(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/models/" + name; }
+
+Detector build(const std::string& name, int64_t nc = -1, const std::string& scale = "") {
+  ModelSpec s;
+  s.file = model_path(name);
+  s.nc = nc;
+  s.scale = scale;
+  return Detector(s);
+}
+
+std::string model_error(const std::string& yaml) {
+  const std::string path = test::temp_dir("model") + "/m.yaml";
+  test::write_bytes(path, yaml);
+  try {
+    ModelSpec s;
+    s.file = path;
+    Detector d(s);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+double max_abs_diff(const HeadOutputs& a, const HeadOutputs& b) {
+  double m = 0;
+  for (const auto& [name, list] : a)
+    for (size_t i = 0; i < list.size(); ++i) m = std::max(m, (list[i] - b.at(name)[i]).abs().max().item<double>());
+  return m;
+}
+
+const char* kTinyYolo = R"(nc: 3
+backbone:
+  - [-1, 1, Conv, [8, 3, 2]]
+  - [-1, 2, Conv, [8, 3, 1]]
+  - [-1, 1, Bottleneck, [8]]
+  - [-1, 1, Conv, [16, 3, 2]]
+  - [-1, 1, SPP, [16, [3, 5]]]
+head:
+  - [-1, 1, nn.Upsample, [None, 2, 'nearest']]
+  - [[-1, 2], 1, Concat, [1]]
+  - [-1, 1, C3, [8, False]]
+  - [[7, 4], 1, Detect, [nc]]
+)";
+
+}  // namespace
+
+TEST(Models, ParameterCountsEqualTheReference) {
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"yolov5n.yaml", 1872157},  {"yolov5s.yaml", 7235389},  {"yolov5m.yaml", 21190557},
+      {"yolov5l.yaml", 46563709}, {"yolov5x.yaml", 86749405}, {"yolov8n.yaml", 3157200},
+      {"yolov8s.yaml", 11166560}, {"yolov8m.yaml", 25902640}, {"yolov8l.yaml", 43691520},
+      {"yolov8x.yaml", 68229648}, {"centernet_hg104.yaml", 191284008}};
+  for (const auto& [file, params] : expected) {
+    Detector d = build(file, 80);
+    EXPECT_EQ(d->parameter_count(), params) << file;
+  }
+  EXPECT_EQ(build("yolov8n.yaml", 80)->parameter_count(true), 3157200 - 16);  // the frozen DFL projection
+}
+
+TEST(Models, GflopsAsUltralyticsReportsThem) {
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"n", 8.9}, {"s", 28.8}, {"m", 79.3}, {"l", 165.7}, {"x", 258.5}};
+  for (const auto& [scale, gflops] : expected)
+    EXPECT_NEAR(build("yolov8.yaml", 80, scale)->gflops(640), gflops, 0.05) << scale;
+}
+
+TEST(Models, YoloOutputsStridesAndPriors) {
+  Detector v8 = build("yolov8n.yaml", 4);
+  EXPECT_EQ(v8->info().family, "yolov8");
+  EXPECT_EQ(v8->info().strides, (std::vector<int64_t>{8, 16, 32}));
+  EXPECT_EQ(v8->info().reg_max, 16);
+  const HeadOutputs o = v8->forward(at::rand({2, 3, 64, 96}));
+  ASSERT_EQ(o.at("pred").size(), 3u);
+  EXPECT_EQ(o.at("pred")[0].sizes(), (at::IntArrayRef{2, 64 + 4, 8, 12}));
+  EXPECT_EQ(o.at("pred")[2].sizes(), (at::IntArrayRef{2, 64 + 4, 2, 3}));
+  // Class prior: log(5 / nc / (640 / stride)^2); box branch starts at 1.
+  const at::Tensor zeros = at::zeros({1, 3, 64, 64});
+  for (const auto& p : v8->named_parameters()) {
+    if (p.key() == "head.cv3.0.2.conv.bias")
+      EXPECT_NEAR(p.value()[0].item<float>(), std::log(5.0 / 4 / std::pow(640.0 / 8, 2)), 1e-5);
+    if (p.key() == "head.cv2.2.2.conv.bias") EXPECT_FLOAT_EQ(p.value()[5].item<float>(), 1.0f);
+  }
+
+  Detector v5 = build("yolov5n.yaml", 4);
+  EXPECT_EQ(v5->info().family, "yolov5");
+  EXPECT_EQ(v5->info().anchors.sizes(), (at::IntArrayRef{3, 3, 2}));
+  EXPECT_FLOAT_EQ(v5->info().anchors[2][2][1].item<float>(), 326.f);
+  const HeadOutputs p = v5->forward(at::rand({1, 3, 64, 64}));
+  EXPECT_EQ(p.at("pred")[0].sizes(), (at::IntArrayRef{1, 3, 8, 8, 9}));
+}
+
+TEST(Models, CenterNetOutputsOnEveryStack) {
+  Detector hg = build("centernet_hg10.yaml", 3);
+  EXPECT_EQ(hg->info().family, "centernet");
+  EXPECT_EQ(hg->info().strides, (std::vector<int64_t>{4}));
+  EXPECT_EQ(hg->info().input_multiple, 8);
+  HeadOutputs o = hg->forward(at::rand({2, 3, 64, 64}));
+  EXPECT_EQ(o.at("heatmap")[0].sizes(), (at::IntArrayRef{2, 3, 16, 16}));
+  EXPECT_EQ(o.at("size")[0].sizes(), (at::IntArrayRef{2, 2, 16, 16}));
+  EXPECT_EQ(o.at("offset")[0].sizes(), (at::IntArrayRef{2, 2, 16, 16}));
+  // Heatmap logits start near sigmoid^-1(0.1): the bias is -2.19.
+  EXPECT_NEAR(at::sigmoid(o.at("heatmap")[0]).mean().item<float>(), 0.1, 0.08);
+
+  Detector hg104 = build("centernet_hg104.yaml", 80);
+  EXPECT_EQ(hg104->info().stacks, 2);
+  EXPECT_EQ(hg104->info().strides, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(hg104->info().input_multiple, 128);
+
+  Detector csp = build("centernet_csp_n.yaml", 5);
+  EXPECT_EQ(csp->scale(), "n");
+  o = csp->forward(at::rand({1, 3, 64, 64}));
+  EXPECT_EQ(o.at("heatmap").size(), 1u);
+  EXPECT_EQ(o.at("heatmap")[0].sizes(), (at::IntArrayRef{1, 5, 16, 16}));
+}
+
+TEST(Models, FilesInTheUltralyticsFormatLoadUnchanged) {
+  const std::string path = test::temp_dir("model") + "/tiny.yaml";
+  test::write_bytes(path, kTinyYolo);
+  ModelSpec s;
+  s.file = path;
+  Detector d(s);
+  EXPECT_EQ(d->info().nc, 3);
+  EXPECT_EQ(d->layers().size(), 9u);
+  EXPECT_EQ(d->layers()[1].repeats, 2);
+  EXPECT_EQ(d->layers()[4].module, "SPP");
+  EXPECT_EQ(d->info().strides, (std::vector<int64_t>{2, 4}));
+  const HeadOutputs o = d->forward(at::rand({1, 3, 32, 32}));
+  EXPECT_EQ(o.at("pred")[0].sizes(), (at::IntArrayRef{1, 64 + 3, 16, 16}));
+}
+
+TEST(Models, BadModelFilesNameTheRowAndTheReason) {
+  std::string e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, Convv, [8]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("m.yaml:4:5: row 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown module 'Convv' (did you mean Conv?)"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("a row is [from, repeats, module, args]"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [5, 1, Conv, [8]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("'from' 5 does not name an earlier row"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\nhead:\n  - [-1, 1, Conv, [8]]\n");
+  EXPECT_NE(e.find("the last row must be a head"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [x, 3, 2]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("argument 1 must be an integer, got 'x'"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 3, Conv, [16, 3, 1]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("needs equal input and output channels"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone: [[-1, 1, Conv, [8, 3, 2]], [-1, 1, Conv, [8, 3, 2]], [[-1, 0], 1, Concat, [1]]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("Concat inputs have different strides"), std::string::npos) << e;
+  e = model_error("backbone:\n  - [-1, 1, Conv, [8, 3, 2]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  EXPECT_NE(e.find("nc is missing"), std::string::npos) << e;
+  try {
+    build("yolov8.yaml", 80, "q");
+    FAIL();
+  } catch (const InputError& ex) {
+    EXPECT_NE(std::string(ex.what()).find("no scale 'q'; this file has n, s, m, l, x"), std::string::npos) << ex.what();
+  }
+  EXPECT_THROW(build("yolov9z.yaml"), InputError);
+  EXPECT_THROW(build("yolov8s.yaml", 80, "m"), InputError);
+}
+
+TEST(Models, FusionKeepsOutputsAndDropsTheBatchNorms) {
+  for (const char* name : {"yolov8n.yaml", "yolov5n.yaml", "centernet_hg10.yaml"}) {
+    Detector d = build(name, 4);
+    // Non-trivial BatchNorm statistics: a few training-mode passes.
+    for (int i = 0; i < 3; ++i) d->forward(at::rand({2, 3, 64, 64}));
+    d->eval();
+    at::NoGradGuard no_grad;
+    const at::Tensor x = at::rand({2, 3, 64, 64});
+    const HeadOutputs before = d->forward(x);
+    const int64_t params = d->parameter_count();
+    d->fuse();
+    EXPECT_LT(max_abs_diff(before, d->forward(x)), 1e-5) << name;
+    EXPECT_LT(d->parameter_count(), params) << name;
+  }
+}
+
+TEST(Models, ChannelsLastGivesTheSameOutputs) {
+  Detector d = build("yolov8n.yaml", 4);
+  d->eval();
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::rand({1, 3, 64, 64});
+  const HeadOutputs a = d->forward(x);
+  d->set_channels_last(true);
+  EXPECT_TRUE(d->named_parameters()["model.0.m.0.cb.conv.weight"].is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_LT(max_abs_diff(a, d->forward(x)), 1e-4);
+}
+
+TEST(Models, InputSizeMustFitTheStrides) {
+  Detector d = build("yolov8n.yaml", 4);
+  EXPECT_THROW(d->forward(at::rand({1, 3, 60, 64})), c10::Error);
+}
+
+TEST(Models, TheConfigSelectsTheModel) {
+  const Config c = load_config("", {"model.file=" + model_path("centernet_csp_s.yaml"), "memory.activation_checkpointing=stages"});
+  Detector d = build_detector(c, 7);
+  EXPECT_EQ(d->info().family, "centernet");
+  EXPECT_EQ(d->info().nc, 7);
+  EXPECT_EQ(d->scale(), "s");
+  EXPECT_EQ(d->activation_checkpointing(), CheckpointMode::stages);
+  try {
+    build_detector(load_config("", {"model.file=/nope/x.yaml"}), 3);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model file not found (models/ holds"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("command line 'model.file=/nope/x.yaml'"), std::string::npos) << e.what();
+  }
+}
