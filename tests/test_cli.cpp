@@ -66,3 +66,24 @@ TEST(Cli, DataSynthRefusesToOverwriteForeignFolders) {
   EXPECT_NE(r.output.find("refusing to write into it"), std::string::npos) << r.output;
   EXPECT_EQ(test::read_bytes(out + "/notes.txt"), "mine");
 }
+
+TEST(Cli, ModelPrintsTheLayerTableAndCounts) {
+  const std::string models = std::string(HEADROOM_SOURCE_DIR) + "/models/";
+  test::RunResult r = test::run_trainer("model --model " + models + "yolov8s.yaml --nc 80 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json j = Json::parse(r.output, "stdout");
+  EXPECT_EQ(j.find("parameters")->as_number(), 11166560);
+  EXPECT_EQ(j.find("scale")->as_string(), "s");
+  EXPECT_NEAR(j.find("gflops")->as_number(), 28.8, 0.05);
+  EXPECT_EQ(j.find("layers")->size(), 23u);
+  r = test::run_trainer("model --model " + models + "yolov8.yaml --scale n --imgsz 320");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("C2f"), std::string::npos);
+  EXPECT_NE(r.output.find("3157200 parameters"), std::string::npos) << r.output;
+  EXPECT_EQ(test::run_trainer("model --model " + models + "yolov8n.yaml --imgsz 100").exit_code, 2);
+  const std::string bad = test::temp_dir("cli-model") + "/bad.yaml";
+  test::write_bytes(bad, "nc: 2\nbackbone:\n  - [-1, 1, Cnv, [8]]\nhead:\n  - [-1, 1, Detect, [nc]]\n");
+  r = test::run_trainer("model --model " + bad);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("bad.yaml:3:5: row 0"), std::string::npos) << r.output;
+}

@@ -15,6 +15,7 @@ namespace headroom::cli {
 void add_version_command(CLI::App& app, int& exit_code);
 void add_config_command(CLI::App& app, int& exit_code);
 void add_data_command(CLI::App& app, int& exit_code);
+void add_model_command(CLI::App& app, int& exit_code);
 
 // Loads --config plus key=value overrides and applies the process-wide settings
 // (log level, intra-op threads). Every subcommand that takes a config goes through here.

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   cli::add_version_command(app, exit_code);
   cli::add_config_command(app, exit_code);
   cli::add_data_command(app, exit_code);
+  cli::add_model_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
