@@ -89,7 +89,6 @@ TEST(Models, YoloOutputsStridesAndPriors) {
   EXPECT_EQ(o.at("pred")[0].sizes(), (at::IntArrayRef{2, 64 + 4, 8, 12}));
   EXPECT_EQ(o.at("pred")[2].sizes(), (at::IntArrayRef{2, 64 + 4, 2, 3}));
   // Class prior: log(5 / nc / (640 / stride)^2); box branch starts at 1.
-  const at::Tensor zeros = at::zeros({1, 3, 64, 64});
   for (const auto& p : v8->named_parameters()) {
     if (p.key() == "head.cv3.0.2.conv.bias")
       EXPECT_NEAR(p.value()[0].item<float>(), std::log(5.0 / 4 / std::pow(640.0 / 8, 2)), 1e-5);
@@ -100,6 +99,10 @@ TEST(Models, YoloOutputsStridesAndPriors) {
   EXPECT_EQ(v5->info().family, "yolov5");
   EXPECT_EQ(v5->info().anchors.sizes(), (at::IntArrayRef{3, 3, 2}));
   EXPECT_FLOAT_EQ(v5->info().anchors[2][2][1].item<float>(), 326.f);
+  // Objectness prior: log(8 / (640 / stride)^2) on top of the default init (|bias| < 0.1 here).
+  const at::Tensor b5 = v5->named_parameters()["head.m.0.conv.bias"].view({3, -1});
+  EXPECT_NEAR(b5.select(1, 4).mean().item<float>(), std::log(8.0 / std::pow(640.0 / 8, 2)), 0.1);
+  EXPECT_NEAR(b5.narrow(1, 5, 4).mean().item<float>(), std::log(0.6 / (4 - 0.99999)), 0.1);
   const HeadOutputs p = v5->forward(at::rand({1, 3, 64, 64}));
   EXPECT_EQ(p.at("pred")[0].sizes(), (at::IntArrayRef{1, 3, 8, 8, 9}));
 }
