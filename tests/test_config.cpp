@@ -129,12 +129,16 @@ TEST(Config, DatasetMustExist) {
 }
 
 TEST(Config, ResolvedYamlReadsBackUnchanged) {
-  const Config c = load_config("", {"train.batch=3", "data.workers=0", "data.cache=disk", "name=x y", "seed=99"});
+  const Config c = load_config("", {"train.batch=3", "data.workers=0", "data.cache=disk", "name=x y", "seed=99",
+                                    "loss.min_overlap=0.65", "loss.box=auto", "eval.iou=0.55"});
   const std::string yaml = config_to_yaml(c);
   const Config back = load_config(write_config(yaml));
   EXPECT_EQ(config_to_yaml(back), yaml);
   EXPECT_EQ(back.name, "x y");
   EXPECT_EQ(back.data.workers.value, 0);
+  EXPECT_DOUBLE_EQ(back.loss.min_overlap, 0.65);
+  EXPECT_DOUBLE_EQ(back.loss.box, -1);
+  EXPECT_DOUBLE_EQ(back.eval.iou, 0.55);
   EXPECT_EQ(config_to_json(back).dump(), config_to_json(c).dump());
   EXPECT_EQ(config_to_json(c).find("train")->find("batch")->as_number(), 3);
 }

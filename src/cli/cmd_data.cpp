@@ -22,6 +22,8 @@ void add_synth(CLI::App& data, int& exit_code) {
   cmd->add_option("--classes", o.classes, "Shape classes, 1..6")->capture_default_str();
   cmd->add_option("--val-fraction", o.val_fraction, "Share of images in the val split")->capture_default_str();
   cmd->add_option("--max-objects", o.max_objects, "Most objects in one image")->capture_default_str();
+  cmd->add_option("--min-object", o.min_object, "Smallest object extent, as a fraction of the short side")->capture_default_str();
+  cmd->add_option("--max-object", o.max_object, "Largest object extent, as a fraction of the short side")->capture_default_str();
   cmd->add_flag("--json", json, "Print JSON");
   cmd->callback([&exit_code] {
     o.threads = available_cores();

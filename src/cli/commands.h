@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <c10/core/Device.h>
 
 #include <string>
 #include <vector>
@@ -16,10 +17,16 @@ void add_version_command(CLI::App& app, int& exit_code);
 void add_config_command(CLI::App& app, int& exit_code);
 void add_data_command(CLI::App& app, int& exit_code);
 void add_model_command(CLI::App& app, int& exit_code);
+void add_val_command(CLI::App& app, int& exit_code);
+void add_predict_command(CLI::App& app, int& exit_code);
 
 // Loads --config plus key=value overrides and applies the process-wide settings
 // (log level, intra-op threads). Every subcommand that takes a config goes through here.
 Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The device a run uses (device policy): a CUDA request that cannot be met throws DeviceError;
+// `auto` falling back to the CPU logs a warning with the reason.
+c10::Device run_device(const Config& c);
 
 // Prints a JSON document on stdout (one line when `compact`).
 void print_json(const Json& j);

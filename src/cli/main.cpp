@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
@@ -13,6 +14,12 @@ Config load_run_config(const std::string& path, const std::vector<std::string>& 
   spdlog::default_logger()->set_level(spdlog::level::from_str(c.log.level));
   set_intra_op_threads(c.threads);
   return c;
+}
+
+c10::Device run_device(const Config& c) {
+  const DeviceChoice choice = resolve_device(c.device, query_cuda());
+  if (!choice.warning.empty()) spdlog::warn("{}", choice.warning);
+  return choice.device;
 }
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
@@ -32,6 +39,8 @@ int main(int argc, char** argv) {
   cli::add_config_command(app, exit_code);
   cli::add_data_command(app, exit_code);
   cli::add_model_command(app, exit_code);
+  cli::add_val_command(app, exit_code);
+  cli::add_predict_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

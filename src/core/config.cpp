@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -162,9 +164,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 namespace {
 
 void emit_scalar(YAML::Emitter& out, const Json& v) {
-  if (v.is_bool()) out << v.as_bool();
-  else if (v.is_number()) out << static_cast<long long>(v.as_number());
-  else out << v.as_string();
+  if (v.is_bool()) {
+    out << v.as_bool();
+  } else if (v.is_number()) {
+    char buf[32];  // integers as such, other numbers in their shortest round-tripping form
+    const double x = v.as_number();
+    if (x == std::floor(x) && std::fabs(x) < 9e15)
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(x));
+    else
+      std::snprintf(buf, sizeof buf, "%.15g", x);
+    out << buf;
+  } else {
+    out << v.as_string();
+  }
 }
 
 // Keys grouped as top-level values first, then one mapping per section, in schema order.

@@ -1,5 +1,6 @@
 #include "config_schema.h"
 
+#include <cstdio>
 #include <regex>
 
 #include "headroom/core/text.h"
@@ -41,6 +42,34 @@ ConfigKey int_key(std::string path, F field, int64_t lo, int64_t hi, std::string
     return "";
   };
   k.get = [=](const Config& c) { return Json(static_cast<int64_t>(field(const_cast<Config&>(c)))); };
+  return k;
+}
+
+// Real number with a range; `allow_auto` accepts "auto" stored as -1.
+template <class F>
+ConfigKey double_key(std::string path, F field, double lo, double hi, std::string doc, bool allow_auto = false) {
+  const auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  const std::string allowed = (allow_auto ? "auto or " : "") + num(lo) + " .. " + num(hi);
+  ConfigKey k{{path, allow_auto ? "float | auto" : "float", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (allow_auto && n.IsScalar() && n.Scalar() == "auto") {
+      field(c) = -1;
+      return "";
+    }
+    const auto v = n.IsScalar() ? parse_double(n.Scalar()) : std::nullopt;
+    if (!v) return "expected a number (" + allowed + "), got " + node_kind(n);
+    if (!(*v >= lo && *v <= hi)) return "value " + n.Scalar() + " is out of range; allowed: " + allowed;
+    field(c) = *v;
+    return "";
+  };
+  k.get = [=](const Config& c) {
+    const double v = field(const_cast<Config&>(c));
+    return allow_auto && v < 0 ? Json("auto") : Json(v);
+  };
   return k;
 }
 
@@ -215,6 +244,41 @@ std::vector<ConfigKey> build_schema() {
                                "Recompute activations in backward instead of keeping them: stages = coarse "
                                "segments (YOLO backbone/neck stages, one per Hourglass stack), all = fine "
                                "segments (every YOLO layer, every Hourglass block sequence)."),
+      // loss
+      double_key("loss.box", [](Config& c) -> double& { return c.loss.box; }, 0, 1000,
+                 "Box loss gain; auto = 7.5 for YOLOv8 (CIoU), 0.05 for YOLOv5.", true),
+      double_key("loss.cls", [](Config& c) -> double& { return c.loss.cls; }, 0, 1000, "Class loss gain (YOLO)."),
+      double_key("loss.dfl", [](Config& c) -> double& { return c.loss.dfl; }, 0, 1000, "Distribution focal loss gain (YOLOv8)."),
+      int_key<int64_t>("loss.tal_topk", [](Config& c) -> int64_t& { return c.loss.tal_topk; }, 1, 1000,
+                       "Task-aligned assigner: candidate anchors per box (YOLOv8)."),
+      double_key("loss.tal_alpha", [](Config& c) -> double& { return c.loss.tal_alpha; }, 0, 100,
+                 "Task-aligned assigner: exponent of the class score."),
+      double_key("loss.tal_beta", [](Config& c) -> double& { return c.loss.tal_beta; }, 0, 100,
+                 "Task-aligned assigner: exponent of the IoU."),
+      int_key<int64_t>("loss.assigner_chunk", [](Config& c) -> int64_t& { return c.loss.assigner_chunk; }, 1024,
+                       int64_t{1} << 40,
+                       "Elements (images x boxes x anchors) the assigner handles at once: bounds its "
+                       "memory on crowded images without changing the result."),
+      double_key("loss.obj", [](Config& c) -> double& { return c.loss.obj; }, 0, 1000, "Objectness loss gain (YOLOv5)."),
+      double_key("loss.anchor_t", [](Config& c) -> double& { return c.loss.anchor_t; }, 1, 100,
+                 "YOLOv5: a box matches an anchor when their width and height ratios are below this."),
+      double_key("loss.task_loss_weight", [](Config& c) -> double& { return c.loss.task_loss_weight; }, 0, 1000,
+                 "CenterNet heatmap (focal) loss weight (TF OD API name)."),
+      double_key("loss.scale_loss_weight", [](Config& c) -> double& { return c.loss.scale_loss_weight; }, 0, 1000,
+                 "CenterNet size (L1) loss weight (TF OD API name)."),
+      double_key("loss.offset_loss_weight", [](Config& c) -> double& { return c.loss.offset_loss_weight; }, 0, 1000,
+                 "CenterNet offset (L1) loss weight (TF OD API name)."),
+      double_key("loss.min_overlap", [](Config& c) -> double& { return c.loss.min_overlap; }, 0.01, 0.99,
+                 "CenterNet: the Gaussian radius keeps this IoU between a box and one shifted by it."),
+      // eval
+      double_key("eval.conf", [](Config& c) -> double& { return c.eval.conf; }, 0, 1,
+                 "Score threshold of validation detections (low, for mAP)."),
+      double_key("eval.iou", [](Config& c) -> double& { return c.eval.iou; }, 0, 1, "NMS IoU threshold."),
+      int_key<int64_t>("eval.max_det", [](Config& c) -> int64_t& { return c.eval.max_det; }, 1, 100000,
+                       "Detections kept per image after NMS."),
+      bool_key("eval.agnostic", [](Config& c) -> bool& { return c.eval.agnostic; }, "Class-agnostic NMS."),
+      int_key<int64_t>("eval.topk", [](Config& c) -> int64_t& { return c.eval.topk; }, 1, 10000,
+                       "CenterNet: heatmap peaks kept per image."),
       // log
       string_key("log.level", [](Config& c) -> std::string& { return c.log.level; },
                  "trace | debug | info | warn | error",

@@ -140,6 +140,8 @@ CocoData read_coco(const std::string& json_path, const std::string& image_dir,
     b.cls = cls->second;
     const Json* crowd = a.find("iscrowd");
     b.crowd = crowd && crowd->is_number() && crowd->as_number() != 0;
+    const Json* area = a.find("area");
+    b.area = area && area->is_number() ? static_cast<float>(area->as_number()) : 0.f;
     if (b.x2 <= b.x1 || b.y2 <= b.y1) {
       out.problems.push_back({ProblemKind::zero_area_box, where, "zero-area box dropped", false});
       continue;

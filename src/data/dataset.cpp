@@ -182,6 +182,10 @@ void list_images(const std::string& source, const std::string& where, std::vecto
     out.insert(out.end(), found.begin(), found.end());
     return;
   }
+  if (fs::is_regular_file(source, ec) && is_image_name(source)) {  // one image (predict --source x.jpg)
+    out.push_back(source);
+    return;
+  }
   if (fs::is_regular_file(source, ec) && ends_with(to_lower(source), ".txt")) {
     const std::string text = read_file(source);
     const fs::path base = fs::path(source).parent_path();
@@ -202,7 +206,7 @@ void list_images(const std::string& source, const std::string& where, std::vecto
     }
     return;
   }
-  throw InputError(where + ": " + source + " is neither a folder of images nor a .txt list of image paths");
+  throw InputError(where + ": " + source + " is neither an image, a folder of images nor a .txt list of image paths");
 }
 
 struct Probe {

@@ -142,7 +142,7 @@ SynthImage render(const SynthOptions& o, int64_t index) {
   const int count = rng.chance(0.05) ? 0 : static_cast<int>(rng.integer(1, o.max_objects));
   for (int k = 0; k < count; ++k) {
     const int cls = static_cast<int>(rng.integer(0, o.classes - 1));
-    const double r = std::min(W, H) * rng.uniform(0.05, 0.22);
+    const double r = std::min(W, H) * rng.uniform(o.min_object, o.max_object) / 2;  // half the extent
     const double theta = rng.uniform(0, 2 * kPi);
     cv::Scalar colour = random_colour(rng);
     for (int tries = 0; tries < 8 && colour_distance(colour, bg) < 120; ++tries) colour = random_colour(rng);
@@ -196,6 +196,8 @@ Json options_json(const SynthOptions& o) {
   j["val_fraction"] = o.val_fraction;
   j["max_objects"] = o.max_objects;
   j["quality"] = o.quality;
+  j["min_object"] = o.min_object;
+  j["max_object"] = o.max_object;
   return j;
 }
 
@@ -214,6 +216,8 @@ void check_options(const SynthOptions& o) {
   if (o.max_objects < 1 || o.max_objects > 1000) bad("--max-objects must be 1 .. 1000");
   if (o.val_fraction < 0 || o.val_fraction >= 1) bad("--val-fraction must be in [0, 1)");
   if (o.quality < 1 || o.quality > 100) bad("--quality must be 1 .. 100");
+  if (!(o.min_object > 0 && o.min_object <= o.max_object && o.max_object <= 0.9))
+    bad("--min-object and --max-object must satisfy 0 < min <= max <= 0.9 (fractions of the short side)");
 }
 
 const char* kMarker = ".headroom-synth";

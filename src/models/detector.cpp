@@ -10,6 +10,7 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
+#include "headroom/core/files.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/core/yaml_file.h"
@@ -53,8 +54,15 @@ int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x
 }  // namespace
 
 DetectorImpl::DetectorImpl(const ModelSpec& spec) {
-  const auto [file, wanted_scale] = resolve_file(spec.file, spec.scale);
-  const YAML::Node root = load_yaml_file(file, "model file");
+  const auto [file, wanted_scale] = spec.text.empty() ? resolve_file(spec.file, spec.scale) : std::make_pair(spec.file, spec.scale);
+  yaml_file_ = file;
+  yaml_text_ = spec.text.empty() ? read_file(file) : spec.text;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text_);
+  } catch (const YAML::ParserException& e) {
+    throw InputError(yaml_location(file, e.mark) + ": YAML syntax error: " + e.msg);
+  }
   if (!root.IsMap()) throw InputError(file + ": a model file is a mapping with nc, backbone and head");
 
   // Scaling: a scales table picked by name, or depth/width multiples (YOLOv5 files).

@@ -46,6 +46,32 @@ struct MemoryConfig {
   CheckpointMode activation_checkpointing = CheckpointMode::off;
 };
 
+// Loss gains and assignment settings (Ultralytics names for YOLO, TF OD API names for CenterNet).
+struct LossConfig {
+  double box = -1;                  // -1 (auto): 7.5 for YOLOv8, 0.05 for YOLOv5
+  double cls = 0.5;
+  double dfl = 1.5;                 // YOLOv8
+  int64_t tal_topk = 10;            // YOLOv8 task-aligned assigner
+  double tal_alpha = 0.5;
+  double tal_beta = 6.0;
+  int64_t assigner_chunk = 1 << 23; // elements of one [batch, boxes, anchors] block
+  double obj = 1.0;                 // YOLOv5
+  double anchor_t = 4.0;
+  double task_loss_weight = 1.0;    // CenterNet heatmap
+  double scale_loss_weight = 0.1;   // CenterNet size
+  double offset_loss_weight = 1.0;  // CenterNet offset
+  double min_overlap = 0.7;         // CenterNet Gaussian radius
+};
+
+// Validation and prediction post-processing.
+struct EvalConfig {
+  double conf = 0.001;              // score threshold for mAP (predict has its own --conf)
+  double iou = 0.7;                 // NMS IoU threshold
+  int64_t max_det = 300;            // detections kept per image
+  bool agnostic = false;            // one NMS across classes
+  int64_t topk = 100;               // CenterNet peaks per image
+};
+
 struct TrainConfig {
   int batch = 16;                   // micro-batch the loader collates
 };
@@ -66,6 +92,8 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   MemoryConfig memory;
+  LossConfig loss;
+  EvalConfig eval;
   LogConfig log;
 
   // Where each key's value came from ("configs/x.yaml:4:3", "command line", or absent when

@@ -15,6 +15,7 @@ struct Box {
   float x1 = 0, y1 = 0, x2 = 0, y2 = 0;
   int cls = 0;
   bool crowd = false;  // COCO iscrowd: matched but not counted in evaluation, not trained on
+  float area = 0;      // COCO annotation area in original pixels (segment area); 0 = the box's
   bool operator==(const Box& o) const {
     return x1 == o.x1 && y1 == o.y1 && x2 == o.x2 && y2 == o.y2 && cls == o.cls && crowd == o.crowd;
   }

@@ -17,6 +17,8 @@ struct SynthOptions {
   int classes = 4;            // shape classes used, 1..6 (circle, square, triangle, cross, ring, star)
   double val_fraction = 0.2;
   int max_objects = 6;        // per image; about 5% of images are background (no objects)
+  double min_object = 0.10;   // object size (extent) as a fraction of the image's short side
+  double max_object = 0.44;
   int quality = 90;           // JPEG quality
   int threads = 1;
 };

@@ -71,6 +71,7 @@ class HeadImpl : public torch::nn::Module {
 
 struct ModelSpec {
   std::string file;          // model YAML; "yolov8s.yaml" means scale s of yolov8.yaml
+  std::string text;          // the YAML itself (weights files carry it); when set, `file` only names it
   std::string scale;         // "" = from the file name, else the file's first scale
   int64_t nc = -1;           // -1 = the file's nc (the data set's class count overrides it)
   int64_t channels = 3;
@@ -86,6 +87,8 @@ class DetectorImpl : public torch::nn::Module {
   const DetectorInfo& info() const { return info_; }
   const std::vector<LayerSummary>& layers() const { return summary_; }
   const std::string& scale() const { return scale_; }
+  const std::string& yaml_text() const { return yaml_text_; }  // what it was built from
+  const std::string& yaml_file() const { return yaml_file_; }
   int64_t parameter_count(bool trainable_only = false) const;
   // FLOPs of one forward at `size` x `size`, counted as Ultralytics does (at a small probe size,
   // scaled by area).
@@ -123,7 +126,7 @@ class DetectorImpl : public torch::nn::Module {
   torch::nn::ModuleList layer_list_;
   DetectorInfo info_;
   std::vector<LayerSummary> summary_;
-  std::string scale_;
+  std::string scale_, yaml_text_, yaml_file_;
   std::vector<int> last_use_;       // per row: the last row (or rows_.size() for the head) reading it
   std::vector<int64_t> row_strides_;  // output stride of each row
   std::vector<size_t> output_counts_; // tensors each row outputs

@@ -1,0 +1,52 @@
+// Validation: run a model over a split (no augmentation), decode, map detections back to
+// original pixels, and score them with the COCO evaluator. The training engine's eval hook and
+// `trainer val` both call this.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "headroom/core/config.h"
+#include "headroom/data/dataset.h"
+#include "headroom/data/loader.h"
+#include "headroom/eval/coco_eval.h"
+#include "headroom/eval/postprocess.h"
+#include "headroom/models/detector.h"
+
+namespace headroom::eval {
+
+struct ValidateOptions {
+  data::LoaderOptions loader;
+  DecodeOptions decode;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+// Config -> options: the eval section, the loader without shuffling; YOLO keeps every class
+// above eval.conf per box (multi-label), as Ultralytics validates.
+ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device);
+
+struct ValidationResult {
+  CocoStats stats;
+  std::vector<CocoBox> detections;    // original pixels, COCO ids
+  std::vector<CocoBox> ground_truth;
+  std::vector<int64_t> image_ids, category_ids;
+  int64_t images = 0;
+  double seconds = 0;
+};
+
+ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<const data::Split>& split, const ValidateOptions& o);
+
+// A split's boxes as COCO ground truth: image ids are the COCO ones, or the sample index for
+// YOLO data; category ids are the COCO ones, or the class id.
+std::vector<CocoBox> ground_truth_boxes(const data::Split& split, std::vector<int64_t>* image_ids,
+                                        std::vector<int64_t>* category_ids);
+// The same as a COCO instances JSON (written beside results of YOLO data, so COCO tools can score them).
+Json ground_truth_json(const data::Split& split);
+
+// The model input: uint8 [B, 3, H, W] -> float in [0, 1] on `device`.
+at::Tensor model_input(const at::Tensor& images, c10::Device device);
+
+}  // namespace headroom::eval

@@ -1,0 +1,26 @@
+// YOLOv8 anchor-free geometry shared by the loss and the decoder.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+namespace headroom::losses {
+
+// Cell centres of every level, flattened level after level: points [A, 2] (x, y) in grid
+// units of their level, strides [A, 1].
+struct AnchorGrid {
+  at::Tensor points;
+  at::Tensor strides;
+};
+AnchorGrid make_anchor_grid(const std::vector<at::Tensor>& feats, const std::vector<int64_t>& strides, double offset);
+
+// YOLOv8 head output -> box distributions [B, A, 4 * reg_max] and class logits [B, A, nc].
+std::pair<at::Tensor, at::Tensor> split_yolov8(const std::vector<at::Tensor>& feats, int64_t reg_max);
+// DFL: the expected bin of each side's distribution, [B, A, 4] (l, t, r, b).
+at::Tensor dfl_expectation(const at::Tensor& dist, int64_t reg_max);
+// (l, t, r, b) distances around points -> xyxy.
+at::Tensor dist_to_bbox(const at::Tensor& ltrb, const at::Tensor& points);
+
+}  // namespace headroom::losses

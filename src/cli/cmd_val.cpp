@@ -1,0 +1,72 @@
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/files.h"
+#include "headroom/core/logging.h"
+#include "headroom/data/dataset.h"
+#include "headroom/eval/coco_eval.h"
+#include "headroom/eval/validate.h"
+#include "headroom/models/weights.h"
+
+namespace headroom::cli {
+
+void add_val_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("val", "COCO mAP of a model on the val split, or of a results JSON against a ground-truth JSON");
+  static std::string config_path, weights, save_json, gt_json, results_json, split_name = "val";
+  static std::vector<std::string> overrides;
+  static bool json = false;
+  cmd->add_option("--config,-c", config_path, "Run config (data set, image size, eval section)");
+  cmd->add_option("--weights,-w", weights, "Weights file");
+  cmd->add_option("overrides", overrides, "key=value config overrides");
+  cmd->add_option("--split", split_name, "Split to evaluate")->capture_default_str();
+  cmd->add_option("--save-json", save_json, "Write the detections as a COCO results JSON (and, for YOLO data, the ground truth beside it)");
+  cmd->add_option("--gt", gt_json, "COCO ground-truth JSON: score --results against it, no model");
+  cmd->add_option("--results", results_json, "COCO results JSON to score against --gt");
+  cmd->add_flag("--json", json, "Print JSON");
+  cmd->callback([&exit_code] {
+    if (!gt_json.empty() || !results_json.empty()) {
+      if (gt_json.empty() || results_json.empty()) throw InputError("val: --gt and --results go together");
+      const eval::CocoGroundTruth gt = eval::read_coco_ground_truth(gt_json);
+      const eval::CocoStats s = eval::coco_evaluate(gt.boxes, eval::read_coco_results(results_json), gt.image_ids, gt.category_ids);
+      if (json)
+        print_json(eval::coco_stats_json(s, gt.category_names));
+      else
+        std::printf("%s", eval::format_coco_stats(s, gt.category_names).c_str());
+      exit_code = kExitOk;
+      return;
+    }
+    if (weights.empty()) throw InputError("val: give --weights W (and --config C), or --gt G.json --results R.json");
+    const Config c = load_run_config(config_path, overrides);
+    const c10::Device device = run_device(c);
+    models::LoadedWeights w = models::load_weights(weights, device);
+    auto split = std::make_shared<const data::Split>(data::load_split(c, split_name));
+    if (split->names.size() != size_t(w.model->info().nc))
+      throw InputError(weights + ": the model has " + std::to_string(w.model->info().nc) + " classes but " + c.data.dataset +
+                       " has " + std::to_string(split->names.size()) + "; validate on the data set it was trained for");
+    const eval::ValidationResult r = eval::validate(*w.model, split, eval::validate_options(c, *split, w.model->info(), device));
+    if (!save_json.empty()) {
+      write_file_atomic(save_json, eval::coco_results_json(r.detections).dump());
+      std::string note = save_json;
+      if (split->category_ids.empty()) {  // YOLO data: COCO tools need a ground-truth file too
+        const std::string gt = std::filesystem::path(save_json).replace_extension("").string() + "_gt.json";
+        write_file_atomic(gt, eval::ground_truth_json(*split).dump());
+        note += " (ground truth: " + gt + ")";
+      }
+      spdlog::info("wrote {} detections to {}", r.detections.size(), note);
+    }
+    if (json) {
+      Json j = eval::coco_stats_json(r.stats, split->names);
+      j["images"] = r.images;
+      j["seconds"] = r.seconds;
+      print_json(j);
+    } else {
+      std::printf("%lld images of split '%s' in %.1f s\n%s", (long long)r.images, split->name.c_str(), r.seconds,
+                  eval::format_coco_stats(r.stats, split->names).c_str());
+    }
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace headroom::cli

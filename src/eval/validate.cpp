@@ -1,0 +1,128 @@
+#include "headroom/eval/validate.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "headroom/core/threads.h"
+
+namespace headroom::eval {
+
+at::Tensor model_input(const at::Tensor& images, c10::Device device) {
+  return images.to(device, /*non_blocking=*/true).to(at::kFloat).div_(255.0);
+}
+
+ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device) {
+  ValidateOptions o;
+  o.loader = data::loader_options(c, split, /*training=*/false, device.is_cuda());
+  o.decode.nms.conf = c.eval.conf;
+  o.decode.nms.iou = c.eval.iou;
+  o.decode.nms.max_det = c.eval.max_det;
+  o.decode.nms.agnostic = c.eval.agnostic;
+  o.decode.nms.multi_label = info.family != "centernet";
+  o.decode.topk = c.eval.topk;
+  o.device = device;
+  return o;
+}
+
+namespace {
+
+int64_t image_id_of(const data::Split& split, int64_t index) {
+  const int64_t id = split.samples[size_t(index)].image_id;
+  return id >= 0 ? id : index;
+}
+
+int64_t category_id_of(const data::Split& split, int64_t cls) {
+  return split.category_ids.empty() ? cls : split.category_ids[size_t(cls)];
+}
+
+}  // namespace
+
+std::vector<CocoBox> ground_truth_boxes(const data::Split& split, std::vector<int64_t>* image_ids,
+                                        std::vector<int64_t>* category_ids) {
+  std::vector<CocoBox> out;
+  for (size_t i = 0; i < split.samples.size(); ++i) {
+    const data::Sample& s = split.samples[i];
+    if (image_ids) image_ids->push_back(image_id_of(split, int64_t(i)));
+    for (const data::Box& b : s.boxes) {
+      CocoBox g;
+      g.image_id = image_id_of(split, int64_t(i));
+      g.category_id = category_id_of(split, b.cls);
+      g.x = double(b.x1) * s.width, g.y = double(b.y1) * s.height;
+      g.w = double(b.x2 - b.x1) * s.width, g.h = double(b.y2 - b.y1) * s.height;
+      g.area = b.area > 0 ? double(b.area) : g.w * g.h;
+      g.crowd = b.crowd;
+      out.push_back(g);
+    }
+  }
+  if (category_ids)
+    for (size_t k = 0; k < split.names.size(); ++k) category_ids->push_back(category_id_of(split, int64_t(k)));
+  return out;
+}
+
+Json ground_truth_json(const data::Split& split) {
+  Json root = Json::object(), images = Json::array(), anns = Json::array(), cats = Json::array();
+  for (size_t i = 0; i < split.samples.size(); ++i) {
+    Json im = Json::object();
+    im["id"] = image_id_of(split, int64_t(i));
+    im["file_name"] = std::filesystem::path(split.samples[i].image).filename().string();
+    im["width"] = split.samples[i].width;
+    im["height"] = split.samples[i].height;
+    images.push_back(std::move(im));
+  }
+  int64_t id = 1;
+  for (const CocoBox& g : ground_truth_boxes(split, nullptr, nullptr)) {
+    Json a = Json::object();
+    a["id"] = id++;
+    a["image_id"] = g.image_id;
+    a["category_id"] = g.category_id;
+    Json bbox = Json::array();
+    for (double v : {g.x, g.y, g.w, g.h}) bbox.push_back(v);
+    a["bbox"] = bbox;
+    a["area"] = g.area;
+    a["iscrowd"] = g.crowd ? 1 : 0;
+    anns.push_back(std::move(a));
+  }
+  for (size_t k = 0; k < split.names.size(); ++k) {
+    Json c = Json::object();
+    c["id"] = category_id_of(split, int64_t(k));
+    c["name"] = split.names[k];
+    cats.push_back(std::move(c));
+  }
+  root["images"] = images;
+  root["annotations"] = anns;
+  root["categories"] = cats;
+  return root;
+}
+
+ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<const data::Split>& split, const ValidateOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool was_training = model.is_training();
+  model.eval();
+  at::NoGradGuard no_grad;
+  ValidationResult r;
+  data::Loader loader(split, o.loader);
+  loader.start(0);
+  while (auto batch = loader.next()) {
+    const Detections d = decode(model.info(), model.forward(model_input(batch->images, o.device)), o.decode);
+    const auto rows = to_original_pixels(d, batch->meta);
+    for (size_t b = 0; b < rows.size(); ++b)
+      for (const auto& row : rows[b]) {
+        CocoBox box;
+        box.image_id = image_id_of(*split, batch->meta[b].index);
+        box.category_id = category_id_of(*split, int64_t(row[5]));
+        box.x = row[0], box.y = row[1], box.w = row[2] - row[0], box.h = row[3] - row[1];
+        box.score = row[4];
+        r.detections.push_back(box);
+      }
+    r.images += batch->size();
+  }
+  model.train(was_training);
+  r.ground_truth = ground_truth_boxes(*split, &r.image_ids, &r.category_ids);
+  r.stats = coco_evaluate(r.ground_truth, r.detections, r.image_ids, r.category_ids);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace headroom::eval

@@ -1,0 +1,269 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "headroom/losses/assigner.h"
+#include "headroom/losses/box_ops.h"
+#include "headroom/losses/centernet.h"
+#include "headroom/losses/loss.h"
+#include "headroom/memory/cpu_allocator.h"
+#include "headroom/memory/measure.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::losses;
+
+namespace {
+
+at::Tensor floats(std::vector<float> v) { return at::tensor(v); }
+at::Tensor longs(std::vector<int64_t> v) { return at::tensor(v); }
+
+models::DetectorInfo yolov8_info(int64_t nc) {
+  models::DetectorInfo i;
+  i.family = "yolov8";
+  i.nc = nc;
+  i.reg_max = 16;
+  i.strides = {8, 16, 32};
+  return i;
+}
+
+// The deterministic YOLOv8 head output and targets of the Ultralytics 8.4 reference run
+// (the numbers below were produced by its TaskAlignedAssigner, BboxLoss and BCE on these inputs).
+models::HeadOutputs reference_yolov8_output(int64_t B, int64_t nc, int64_t S) {
+  std::vector<at::Tensor> feats;
+  int64_t l = 0;
+  for (int64_t s : {8, 16, 32}) {
+    const int64_t h = S / s, w = S / s;
+    const at::Tensor ch = at::arange(64 + nc, at::kDouble).view({1, -1, 1, 1});
+    const at::Tensor y = at::arange(h, at::kDouble).view({1, 1, -1, 1}), x = at::arange(w, at::kDouble).view({1, 1, 1, -1});
+    const at::Tensor b = at::arange(B, at::kDouble).view({-1, 1, 1, 1});
+    feats.push_back((0.1 * at::sin(0.3 * ch + 0.7 * y + 1.1 * x + 0.5 * b + double(l++))).to(at::kFloat));
+  }
+  return {{"pred", feats}};
+}
+
+Targets reference_targets() {
+  Targets t;
+  t.boxes = floats({4.f, 4, 30, 28, 20, 10, 60, 50, 33, 35, 40, 40, 0, 0, 0, 0,
+                        0, 0, 64, 64, 10, 40, 26, 62, 0, 0, 0, 0, 0, 0, 0, 0}).view({2, 4, 4});
+  t.classes = longs({0, 1, 2, 0, 1, 2, 0, 0}).view({2, 4});
+  t.mask = longs({1, 1, 1, 0, 1, 1, 0, 0}).to(at::kBool).view({2, 4});
+  return t;
+}
+
+double item(const LossTerms& l, const std::string& name) {
+  for (const auto& [n, v] : l.items)
+    if (n == name) return v.item<double>();
+  ADD_FAILURE() << "no loss term " << name;
+  return 0;
+}
+
+}  // namespace
+
+TEST(BoxOps, IouAndCiouOnKnownBoxes) {
+  const at::Tensor a = floats({0.f, 0, 10, 10}).view({1, 4}), b = floats({5.f, 0, 15, 10}).view({1, 4});
+  EXPECT_NEAR(box_iou(a, b).item<float>(), 50.0 / 150.0, 1e-6);
+  EXPECT_NEAR(ciou(a, a).item<float>(), 1.0, 1e-6);
+  // Same size, shifted by half a width: IoU 1/3, centres 5 apart, enclosing diagonal^2 = 15^2 + 10^2.
+  EXPECT_NEAR(ciou(a, b).item<float>(), 1.0 / 3 - 25.0 / 325.0, 1e-5);
+  EXPECT_TRUE(at::allclose(xywh_to_xyxy(xyxy_to_xywh(b)), b));
+}
+
+TEST(Assigner, MatchesTheUltralyticsReference) {
+  const int64_t B = 2, nc = 3;
+  const auto out = reference_yolov8_output(B, nc, 64);
+  const Targets t = reference_targets();
+  const LossTerms l = (*make_loss(yolov8_info(nc), LossOptions{}))(out, t);
+  EXPECT_NEAR(item(l, "box"), 5.812448412, 1e-4);
+  EXPECT_NEAR(item(l, "cls"), 46.448352814, 1e-3);
+  EXPECT_NEAR(item(l, "dfl"), 4.174154878, 1e-4);
+  EXPECT_NEAR(l.total.item<double>(), (5.812448412 + 46.448352814 + 4.174154878) * B, 5e-3);
+}
+
+TEST(Assigner, ChunkingDoesNotChangeTheResult) {
+  at::manual_seed(3);
+  const int64_t B = 2, A = 300, C = 4, N = 37;
+  const at::Tensor anchors = at::rand({A, 2}) * 100;
+  const at::Tensor centres = at::rand({B, A, 2}) * 100, sizes = at::rand({B, A, 2}) * 30 + 2;
+  const at::Tensor pd_boxes = at::cat({centres - sizes / 2, centres + sizes / 2}, -1);
+  const at::Tensor scores = at::rand({B, A, C});
+  const at::Tensor gc = at::rand({B, N, 2}) * 100, gs = at::rand({B, N, 2}) * 40 + 4;
+  const at::Tensor gt = at::cat({gc - gs / 2, gc + gs / 2}, -1);
+  const at::Tensor labels = at::randint(0, C, {B, N}, at::kLong), mask = at::rand({B, N}).lt(0.8);
+  AssignerOptions whole, chunked;
+  chunked.chunk_elements = B * A * 5;  // five boxes at a time
+  const Assignment a = task_aligned_assign(scores, pd_boxes, anchors, labels, gt, mask, whole);
+  const Assignment b = task_aligned_assign(scores, pd_boxes, anchors, labels, gt, mask, chunked);
+  EXPECT_TRUE(at::equal(a.fg_mask, b.fg_mask));
+  EXPECT_TRUE(at::equal(a.target_gt_idx, b.target_gt_idx));
+  EXPECT_TRUE(at::allclose(a.target_scores, b.target_scores));
+  EXPECT_GT(a.fg_mask.sum().item<int64_t>(), 20);
+}
+
+TEST(Assigner, KnownLayouts) {
+  // Two anchors inside one box, one inside two boxes: it goes to the box it overlaps more.
+  const at::Tensor anchors = floats({10.f, 10, 30, 10, 60, 60}).view({3, 2});
+  const at::Tensor pd = floats({0.f, 0, 20, 20, 20, 0, 40, 20, 50, 50, 70, 70}).view({1, 3, 4});
+  const at::Tensor scores = at::full({1, 3, 2}, 0.5);
+  const at::Tensor gt = floats({0.f, 0, 40, 20, 25, 0, 45, 25}).view({1, 2, 4});
+  const at::Tensor labels = longs({0, 1}).view({1, 2}), mask = at::ones({1, 2}, at::kBool);
+  const Assignment a = task_aligned_assign(scores, pd, anchors, labels, gt, mask);
+  EXPECT_TRUE(a.fg_mask[0][0].item<bool>());
+  EXPECT_TRUE(a.fg_mask[0][1].item<bool>());
+  EXPECT_FALSE(a.fg_mask[0][2].item<bool>());       // outside every box
+  EXPECT_EQ(a.target_gt_idx[0][0].item<int64_t>(), 0);
+  // Anchor 1 (30, 10) lies in both boxes; its prediction [20, 0, 40, 20] overlaps box 1 more.
+  EXPECT_EQ(a.target_gt_idx[0][1].item<int64_t>(), 1);
+  EXPECT_GT(a.target_scores[0][1][1].item<float>(), 0);
+  EXPECT_EQ(a.target_scores[0][1][0].item<float>(), 0);
+  // A box's best-aligned anchor scores that box's best IoU.
+  EXPECT_NEAR(a.target_scores[0][0][0].item<float>(), ciou(pd[0][0], gt[0][0]).item<float>(), 1e-5);
+}
+
+TEST(Assigner, ThousandsOfBoxesInBoundedMemory) {
+  auto& alloc = memory::CountingCpuAllocator::install();
+  const int64_t B = 1, A = 8400, C = 2, N = 3000;  // a 640-px image crowded with boxes
+  const at::Tensor anchors = at::rand({A, 2}) * 640, pd = at::cat({at::rand({B, A, 2}) * 600, at::rand({B, A, 2}) * 600 + 640}, -1);
+  const at::Tensor gt = at::cat({at::rand({B, N, 2}) * 600, at::rand({B, N, 2}) * 40 + 600}, -1);
+  const at::Tensor scores = at::rand({B, A, C}), labels = at::zeros({B, N}, at::kLong), mask = at::ones({B, N}, at::kBool);
+  AssignerOptions o;
+  o.chunk_elements = 1 << 21;
+  const auto m = memory::measure_cpu_step([&] { task_aligned_assign(scores, pd, anchors, labels, gt, mask, o); });
+  // Unchunked, one [B, N, A, 4] float tensor alone would be 403 MB.
+  EXPECT_LT(m.above_baseline(), 200ll << 20) << "peak " << m.above_baseline();
+  (void)alloc;
+}
+
+TEST(YoloLoss, NoObjectsMeansOnlyTheClassTerm) {
+  // All-zero logits and no boxes: cls = sum of BCE(0, 0) = A * nc * ln 2, normalised by max(0, 1).
+  const int64_t B = 2, nc = 3, S = 64;
+  auto out = reference_yolov8_output(B, nc, S);
+  for (auto& f : out["pred"]) f.zero_();
+  Targets t = reference_targets();
+  t.mask.zero_();
+  const LossTerms l = (*make_loss(yolov8_info(nc), LossOptions{}))(out, t);
+  const double anchors = 8 * 8 + 4 * 4 + 2 * 2;
+  EXPECT_NEAR(item(l, "cls"), 0.5 * B * anchors * nc * std::log(2.0), 1e-3);
+  EXPECT_EQ(item(l, "box"), 0);
+  EXPECT_EQ(item(l, "dfl"), 0);
+}
+
+TEST(YoloLoss, Yolov5NoObjectsIsObjectnessOnly) {
+  models::DetectorInfo info;
+  info.family = "yolov5";
+  info.nc = 3;
+  info.strides = {8, 16, 32};
+  info.anchors = floats({10.f, 13, 16, 30, 33, 23, 30, 61, 62, 45, 59, 119, 116, 90, 156, 198, 373, 326}).view({3, 3, 2});
+  std::vector<at::Tensor> preds;
+  for (int64_t s : {8, 16, 32}) preds.push_back(at::zeros({2, 3, 64 / s, 64 / s, 8}));
+  Targets t = reference_targets();
+  t.mask.zero_();
+  const LossTerms l = (*make_loss(info, LossOptions{}))({{"pred", preds}}, t);
+  // lobj = ln 2 x (4.0 + 1.0 + 0.4), gain 1.0 x (64 / 640)^2 x 3 / 3.
+  EXPECT_NEAR(item(l, "obj"), std::log(2.0) * 5.4 * 0.01, 1e-6);
+  EXPECT_EQ(item(l, "box"), 0);
+  EXPECT_EQ(item(l, "cls"), 0);
+}
+
+TEST(YoloLoss, GradientsReachEveryHeadOutput) {
+  models::DetectorInfo v5;
+  v5.family = "yolov5";
+  v5.nc = 3;
+  v5.strides = {8, 16, 32};
+  v5.anchors = floats({10.f, 13, 16, 30, 33, 23, 30, 61, 62, 45, 59, 119, 116, 90, 156, 198, 373, 326}).view({3, 3, 2});
+  std::vector<at::Tensor> p5;
+  for (int64_t s : {8, 16, 32}) p5.push_back(at::randn({2, 3, 64 / s, 64 / s, 8}).requires_grad_());
+  (*make_loss(v5, LossOptions{}))({{"pred", p5}}, reference_targets()).total.backward();
+  for (const auto& p : p5) EXPECT_GT(p.grad().abs().sum().item<float>(), 0);
+  auto out = reference_yolov8_output(2, 3, 64);
+  for (auto& f : out["pred"]) f.requires_grad_();
+  (*make_loss(yolov8_info(3), LossOptions{}))(out, reference_targets()).total.backward();
+  for (const auto& f : out["pred"]) {
+    EXPECT_GT(f.grad().narrow(1, 0, 64).abs().sum().item<float>(), 0);  // box bins
+    EXPECT_GT(f.grad().narrow(1, 64, 3).abs().sum().item<float>(), 0);  // classes
+  }
+}
+
+TEST(CenterNet, GaussianRadiusAsTheReference) {
+  // Values of CenterNet's gaussian_radius((h, w), 0.7) computed by hand from its three roots.
+  const at::Tensor h = at::tensor(std::vector<double>{10.0, 30.0, 4.0}), w = at::tensor(std::vector<double>{10.0, 20.0, 50.0});
+  const auto r = gaussian_radius(h, w, 0.7);
+  const auto ref = [](double H, double W) {
+    const double m = 0.7;
+    const double b1 = H + W, c1 = W * H * (1 - m) / (1 + m), r1 = (b1 + std::sqrt(b1 * b1 - 4 * c1)) / 2;
+    const double b2 = 2 * (H + W), c2 = (1 - m) * W * H, r2 = (b2 + std::sqrt(b2 * b2 - 16 * c2)) / 2;
+    const double b3 = -2 * m * (H + W), c3 = (m - 1) * W * H, r3 = (b3 + std::sqrt(b3 * b3 - 16 * m * c3)) / 2;
+    return std::min({r1, r2, r3});
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(r[i].item<double>(), ref(h[i].item<double>(), w[i].item<double>()), 1e-9);
+  EXPECT_NEAR(r[0].item<double>(), 2.733200531, 1e-6);  // a 10 x 10 box: the third root
+}
+
+TEST(CenterNet, TargetsPutPeaksSizesAndOffsetsAtTheCentres) {
+  // One 40 x 24 px box centred at (50, 30) px: at stride 4 a 10 x 6 cell box centred at (12.5, 7.5).
+  const at::Tensor boxes = floats({30.f, 18, 70, 42, 0, 0, 0, 0}).view({1, 2, 4});
+  const at::Tensor classes = longs({1, -1}).view({1, 2}), mask = floats({true, false}).view({1, 2});
+  const CenterNetTargets t = centernet_targets(boxes, classes, mask, 3, 32, 32, 4, 0.7);
+  EXPECT_EQ(t.heatmap.sizes(), (at::IntArrayRef{1, 3, 32, 32}));
+  EXPECT_FLOAT_EQ(t.heatmap[0][1][7][12].item<float>(), 1.0f);  // the integer centre
+  EXPECT_EQ(t.heatmap.eq(1).sum().item<int64_t>(), 1);
+  EXPECT_EQ(t.heatmap[0][0].sum().item<float>(), 0);              // other classes untouched
+  const int64_t r = int64_t(gaussian_radius(at::tensor(std::vector<double>{6.0}), at::tensor(std::vector<double>{10.0}), 0.7).floor().item<double>());
+  const double sigma = (2.0 * r + 1) / 6;
+  EXPECT_NEAR(t.heatmap[0][1][7][12 + r].item<float>(), std::exp(-double(r * r) / (2 * sigma * sigma)), 1e-6);
+  EXPECT_EQ(t.heatmap[0][1][7][12 + r + 1].item<float>(), 0);     // outside the window
+  EXPECT_EQ(t.index[0][0].item<int64_t>(), 7 * 32 + 12);
+  EXPECT_FLOAT_EQ(t.size[0][0][0].item<float>(), 10);
+  EXPECT_FLOAT_EQ(t.size[0][0][1].item<float>(), 6);
+  EXPECT_FLOAT_EQ(t.offset[0][0][0].item<float>(), 0.5);
+  EXPECT_FLOAT_EQ(t.offset[0][0][1].item<float>(), 0.5);
+  EXPECT_FALSE(t.mask[0][1].item<bool>());
+}
+
+TEST(CenterNet, OverlappingPeaksMergeByMaximum) {
+  const at::Tensor boxes = floats({0.f, 0, 40, 40, 8, 0, 48, 40}).view({1, 2, 4});
+  const at::Tensor classes = at::zeros({1, 2}, at::kLong), mask = at::ones({1, 2}, at::kBool);
+  const CenterNetTargets both = centernet_targets(boxes, classes, mask, 1, 16, 16, 4, 0.7);
+  const CenterNetTargets one = centernet_targets(boxes.narrow(1, 0, 1), classes.narrow(1, 0, 1), mask.narrow(1, 0, 1), 1, 16, 16, 4, 0.7);
+  const CenterNetTargets two = centernet_targets(boxes.narrow(1, 1, 1), classes.narrow(1, 1, 1), mask.narrow(1, 1, 1), 1, 16, 16, 4, 0.7);
+  EXPECT_TRUE(at::equal(both.heatmap, at::max(one.heatmap, two.heatmap)));
+  // Chunked drawing gives the same heatmap.
+  EXPECT_TRUE(at::equal(both.heatmap, centernet_targets(boxes, classes, mask, 1, 16, 16, 4, 0.7, 16 * 16).heatmap));
+}
+
+TEST(CenterNet, FocalLossOnAHandComputedCase) {
+  // 1 x 1 x 2 x 2 heatmap: a centre (target 1) and three negatives with targets 0, 0.5, 0.
+  const at::Tensor target = floats({1.f, 0, 0.5, 0}).view({1, 1, 2, 2});
+  const at::Tensor logits = floats({0.f, 0, 0, 0}).view({1, 1, 2, 2});  // p = 0.5 everywhere
+  // pos: log(0.5) (1-0.5)^2; neg: log(0.5) 0.5^2 (1-t)^4 for t = 0, 0.5, 0; one positive.
+  const double pos = std::log(0.5) * 0.25, neg = std::log(0.5) * 0.25 * (1 + std::pow(0.5, 4) + 1);
+  EXPECT_NEAR(centernet_focal_loss(logits, target).item<double>(), -(pos + neg), 1e-6);
+  // No centres at all: the negatives alone, not divided by zero.
+  EXPECT_NEAR(centernet_focal_loss(logits, at::zeros({1, 1, 2, 2})).item<double>(), -4 * std::log(0.5) * 0.25, 1e-6);
+}
+
+TEST(CenterNet, LossAveragesStacksAndUsesTheTfWeights) {
+  models::DetectorInfo info;
+  info.family = "centernet";
+  info.nc = 3;
+  info.strides = {4, 4};
+  const at::Tensor boxes = floats({30.f, 18, 70, 42}).view({1, 1, 4});
+  Targets t{boxes, longs({1}).view({1, 1}), at::ones({1, 1}, at::kBool)};
+  // Perfect size and offset predictions; the heatmap logits are zeros.
+  at::Tensor size = at::zeros({1, 2, 32, 32}), off = at::zeros({1, 2, 32, 32});
+  size[0][0][7][12] = 10, size[0][1][7][12] = 6, off[0][0][7][12] = 0.5, off[0][1][7][12] = 0.5;
+  const at::Tensor heat = at::zeros({1, 3, 32, 32});
+  LossOptions o;
+  o.task_loss_weight = 2.0;
+  const LossTerms one = (*make_loss(info, o))({{"heatmap", {heat}}, {"size", {size}}, {"offset", {off}}}, t);
+  const LossTerms two = (*make_loss(info, o))({{"heatmap", {heat, heat}}, {"size", {size, size + 1}}, {"offset", {off, off}}}, t);
+  EXPECT_NEAR(item(one, "size"), 0, 1e-6);
+  EXPECT_NEAR(item(one, "offset"), 0, 1e-6);
+  EXPECT_NEAR(item(one, "heatmap"), item(two, "heatmap"), 1e-6);
+  // The second stack's sizes are all off by 1: L1 = 1 per coordinate, averaged with the perfect stack, x 0.1.
+  EXPECT_NEAR(item(two, "size"), 0.1 * 0.5 * 1.0, 1e-4);
+  const CenterNetTargets ct = centernet_targets(boxes, t.classes, t.mask, 3, 32, 32, 4, 0.7);
+  EXPECT_NEAR(item(one, "heatmap"), 2.0 * centernet_focal_loss(heat, ct.heatmap).item<double>(), 1e-6);
+}
