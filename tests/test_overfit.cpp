@@ -13,6 +13,7 @@
 #include "headroom/eval/validate.h"
 #include "headroom/losses/loss.h"
 #include "headroom/models/weights.h"
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "test_util.h"
 
@@ -48,7 +49,6 @@ struct Overfit {
 
 Overfit overfit(const std::vector<std::string>& model_keys, int steps, double lr) {
   at::manual_seed(0);
-  at::set_num_threads(2);
   std::vector<std::string> overrides = {"data.dataset=" + handful(), "data.imgsz=128", "train.batch=8", "data.workers=1"};
   overrides.insert(overrides.end(), model_keys.begin(), model_keys.end());
   const Config c = load_config("", overrides);
@@ -142,6 +142,13 @@ TEST(Overfit, TinyCenterNet) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/pred/" + std::filesystem::path(e.find("image")->as_string()).stem().string() + ".jpg"));
   }
   EXPECT_GE(boxes, 8);  // every image holds at least one object the model learned
+
+  // The device policy: CUDA asked for where there is none stops with exit code 2 and the reason.
+  if (!query_cuda().available) {
+    v = test::run_trainer("val --config " + dir + "/run.yaml --weights " + r.weights + " device=cuda");
+    EXPECT_EQ(v.exit_code, 2);
+    EXPECT_NE(v.output.find("CUDA is not usable"), std::string::npos) << v.output;
+  }
 
   // A damaged weights file is refused with its name; the original is untouched.
   const std::string bytes = test::read_bytes(r.weights);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "headroom/core/threads.h"
 #include "headroom/data/synth.h"
 
 namespace headroom::test {
@@ -16,6 +17,10 @@ namespace headroom::test {
 namespace fs = std::filesystem;
 
 namespace {
+
+// ctest runs two tests at a time on these two-core machines: one intra-op thread each, or
+// OpenMP's spinning threads oversubscribe the cores (an overfit test went from 40 s to 430 s).
+[[maybe_unused]] const int g_threads = headroom::set_intra_op_threads(headroom::AutoInt{false, 1});
 
 struct Root {
   fs::path path = fs::temp_directory_path() / ("headroom-test-" + std::to_string(::getpid()));

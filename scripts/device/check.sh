@@ -24,7 +24,7 @@ fi
 status gpu "$(tail -n +2 "$OUT/gpu.txt" | head -1)"
 
 if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
-     -DCUDAToolkit_ROOT=/usr/local/cuda -DTORCH_CUDA_ARCH_LIST=9.0 > "$OUT/configure.log" 2>&1; then
+     -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/configure.log" 2>&1; then
   status configure ok
 else
   status configure "FAILED (configure.log)"; tail -30 "$OUT/configure.log"; exit 1

@@ -1,6 +1,7 @@
 #include "headroom/eval/postprocess.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

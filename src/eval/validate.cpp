@@ -1,6 +1,7 @@
 #include "headroom/eval/validate.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <chrono>
 #include <filesystem>

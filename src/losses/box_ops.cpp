@@ -1,6 +1,7 @@
 #include "headroom/losses/box_ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
