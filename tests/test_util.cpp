@@ -66,6 +66,22 @@ std::string copy_of_small_synth(const std::string& name) {
   return (dst / "data.yaml").string();
 }
 
+std::vector<std::string> tiny_model(const std::string& name) {
+  std::string text = read_bytes(std::string(HEADROOM_SOURCE_DIR) + "/models/" + name);
+  const size_t at = text.find("scales:");
+  if (at != std::string::npos) {
+    text.insert(text.find('\n', at) + 1, "  t: [0.33, 0.125, 1024]\n");
+  } else {
+    const size_t w = text.find("width_multiple:");
+    text.replace(w, text.find('\n', w) - w, "width_multiple: 0.125");
+  }
+  const std::string path = temp_dir("tiny") + "/" + name;
+  write_bytes(path, text);
+  std::vector<std::string> overrides = {"model.file=" + path};
+  if (at != std::string::npos) overrides.push_back("model.scale=t");
+  return overrides;
+}
+
 void write_bytes(const std::string& path, const std::string& bytes) {
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

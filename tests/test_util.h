@@ -16,6 +16,10 @@ const std::string& small_synth();
 // A private copy of it that a test may damage.
 std::string copy_of_small_synth(const std::string& name);
 
+// Overrides selecting one of our model files (models/<name>) with channels cut to an eighth of
+// scale l: files with a scales table get a scale "t", YOLOv5 files a smaller width multiple.
+std::vector<std::string> tiny_model(const std::string& name);
+
 void write_bytes(const std::string& path, const std::string& bytes);
 std::string read_bytes(const std::string& path);
 

@@ -1,4 +1,5 @@
 // trainer: the Headroom command line.
+#include <algorithm>
 #include <cstdio>
 
 #include "commands.h"
@@ -35,14 +36,20 @@ int main(int argc, char** argv) {
                "and memory under a budget."};
   app.require_subcommand(1);
   int exit_code = kExitOk;
+  cli::add_train_command(app, exit_code);
   cli::add_version_command(app, exit_code);
   cli::add_config_command(app, exit_code);
   cli::add_data_command(app, exit_code);
   cli::add_model_command(app, exit_code);
   cli::add_val_command(app, exit_code);
   cli::add_predict_command(app, exit_code);
+  // `trainer --config C ...` means `trainer train --config C ...`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume"))
+    args.insert(args.begin(), "train");
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitBadInput;
   } catch (const InputError& e) {

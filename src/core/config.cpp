@@ -130,6 +130,20 @@ class Loader {
   std::map<std::string, std::string> seen_;
 };
 
+// Rules between keys, checked once all of them are set.
+void check_combinations(const Config& c, std::vector<std::string>& problems) {
+  const TrainConfig& t = c.train;
+  if (t.schedule == LrSchedule::manual) {
+    if (t.lr_steps.empty() || t.lr_steps.size() != t.lr_values.size())
+      problems.push_back(c.where("train.schedule") + ": train.schedule: manual needs train.lr_steps and train.lr_values "
+                         "of the same length (e.g. lr_steps: [1000, 5000], lr_values: [1e-4, 1e-5])");
+    for (size_t i = 1; i < t.lr_steps.size(); ++i)
+      if (t.lr_steps[i] <= t.lr_steps[i - 1])
+        problems.push_back(c.where("train.lr_steps") + ": train.lr_steps must increase; " + std::to_string(t.lr_steps[i]) +
+                           " follows " + std::to_string(t.lr_steps[i - 1]));
+  }
+}
+
 void check_paths(const Config& c, std::vector<std::string>& problems) {
   if (!c.data.dataset.empty() && !std::filesystem::is_regular_file(c.data.dataset))
     problems.push_back(c.where("data.dataset") + ": data.dataset: '" + c.data.dataset +
@@ -151,6 +165,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!path.empty()) loader.load_file(path);
   for (const auto& o : overrides) loader.apply_override(o);
   std::vector<std::string> problems = loader.problems();
+  if (problems.empty()) check_combinations(c, problems);
   if (problems.empty()) check_paths(c, problems);
   if (!problems.empty()) {
     std::string msg = problems.size() == 1 ? "invalid configuration:"
@@ -164,7 +179,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 namespace {
 
 void emit_scalar(YAML::Emitter& out, const Json& v) {
-  if (v.is_bool()) {
+  if (v.is_array()) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const auto& e : v.items()) emit_scalar(out, e);
+    out << YAML::EndSeq;
+  } else if (v.is_bool()) {
     out << v.as_bool();
   } else if (v.is_number()) {
     char buf[32];  // integers as such, other numbers in their shortest round-tripping form
@@ -230,6 +249,34 @@ const char* to_string(CacheMode m) {
     case CacheMode::none: return "none";
     case CacheMode::ram: return "ram";
     case CacheMode::disk: return "disk";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::adam: return "adam";
+    case OptimizerKind::adamw: return "adamw";
+  }
+  return "?";
+}
+
+const char* to_string(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::linear: return "linear";
+    case LrSchedule::cosine: return "cosine";
+    case LrSchedule::manual: return "manual";
+  }
+  return "?";
+}
+
+const char* to_string(AmpMode m) {
+  switch (m) {
+    case AmpMode::auto_: return "auto";
+    case AmpMode::off: return "off";
+    case AmpMode::fp16: return "fp16";
+    case AmpMode::bf16: return "bf16";
   }
   return "?";
 }

@@ -1,7 +1,9 @@
 #include "config_schema.h"
 
 #include <cstdio>
+#include <optional>
 #include <regex>
+#include <type_traits>
 
 #include "headroom/core/text.h"
 
@@ -160,6 +162,50 @@ ConfigKey enum_key(std::string path, F field, std::vector<std::pair<std::string,
   return k;
 }
 
+// A list of numbers, each in [lo, hi] ("[1000, 5000]"; a single number is a list of one).
+template <class T, class F>
+ConfigKey list_key(std::string path, F field, double lo, double hi, std::string doc) {
+  const auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  const bool integral = std::is_integral<T>::value;
+  const std::string allowed = std::string("a list of ") + (integral ? "integers" : "numbers") + " in " + num(lo) + " .. " + num(hi);
+  ConfigKey k{{path, integral ? "int list" : "float list", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    std::vector<YAML::Node> nodes;
+    if (n.IsSequence())
+      for (const auto& e : n) nodes.push_back(e);
+    else if (n.IsScalar())
+      nodes.push_back(n);
+    else if (!n.IsNull())
+      return "expected " + allowed + ", got " + node_kind(n);
+    std::vector<T> out;
+    for (const auto& e : nodes) {
+      std::optional<double> v;
+      if (e.IsScalar()) {
+        if (integral) {
+          if (const auto i = parse_int(e.Scalar())) v = static_cast<double>(*i);
+        } else {
+          v = parse_double(e.Scalar());
+        }
+      }
+      if (!v) return "expected " + allowed + ", got the element " + node_kind(e);
+      if (!(*v >= lo && *v <= hi)) return "element " + e.Scalar() + " is out of range; allowed: " + allowed;
+      out.push_back(static_cast<T>(*v));
+    }
+    field(c) = out;
+    return "";
+  };
+  k.get = [=](const Config& c) {
+    Json a = Json::array();
+    for (const T v : field(const_cast<Config&>(c))) a.push_back(Json(static_cast<double>(v)));
+    return a;
+  };
+  return k;
+}
+
 std::string check_device(const std::string& s) {
   static const std::regex re("auto|cpu|cuda|cuda:[0-9]+");
   if (std::regex_match(s, re)) return "";
@@ -205,6 +251,9 @@ std::vector<ConfigKey> build_schema() {
       bool_key("model.channels_last", [](Config& c) -> bool& { return c.model.channels_last; },
                "Keep 4-D weights and inputs in channels_last memory format (faster convolutions on "
                "tensor cores)."),
+      string_key("model.init_from", [](Config& c) -> std::string& { return c.model.init_from; }, "a weights or checkpoint file",
+                 "Start from another run's weights: parameters whose name and shape match are loaded, the rest "
+                 "(a head for another class count) keep their initialisation and are listed."),
       // data
       string_key("data.dataset", [](Config& c) -> std::string& { return c.data.dataset; },
                  "path to a data YAML",
@@ -237,6 +286,64 @@ std::vector<ConfigKey> build_schema() {
       // train
       int_key<int>("train.batch", [](Config& c) -> int& { return c.train.batch; }, 1, 65536,
                    "Images per micro-batch collated by the loader."),
+      int_key<int>("train.nominal_batch", [](Config& c) -> int& { return c.train.nominal_batch; }, 1, 1 << 20,
+                   "Images summed per optimizer step: gradients of round(nominal_batch / batch) micro-batches "
+                   "are accumulated (Ultralytics' nbs)."),
+      int_key<int>("train.epochs", [](Config& c) -> int& { return c.train.epochs; }, 1, 1 << 20, "Epochs to train."),
+      int_key<int64_t>("train.steps", [](Config& c) -> int64_t& { return c.train.steps; }, 0, int64_t{1} << 40,
+                       "Optimizer steps to train (TF OD API num_steps); 0 = train.epochs decides."),
+      enum_key<OptimizerKind>("train.optimizer", [](Config& c) -> OptimizerKind& { return c.train.optimizer; },
+                              {{"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}},
+                              "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases.",
+                              {{"SGD", OptimizerKind::sgd}, {"Adam", OptimizerKind::adam}, {"AdamW", OptimizerKind::adamw}}),
+      double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
+      double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,
+                 "linear / cosine schedules end at lr0 * lrf."),
+      double_key("train.momentum", [](Config& c) -> double& { return c.train.momentum; }, 0, 0.999999,
+                 "SGD momentum; Adam and AdamW beta1."),
+      bool_key("train.nesterov", [](Config& c) -> bool& { return c.train.nesterov; }, "Nesterov momentum (SGD)."),
+      double_key("train.weight_decay", [](Config& c) -> double& { return c.train.weight_decay; }, 0, 1,
+                 "Weight decay of convolution and linear weights, scaled by batch * accumulate / nominal_batch."),
+      enum_key<LrSchedule>("train.schedule", [](Config& c) -> LrSchedule& { return c.train.schedule; },
+                           {{"linear", LrSchedule::linear}, {"cosine", LrSchedule::cosine}, {"manual", LrSchedule::manual}},
+                           "Learning-rate schedule over the run's optimizer steps: linear or cosine from lr0 to "
+                           "lr0 * lrf, or manual steps (lr0 until lr_steps[0], then lr_values[0], ...)."),
+      list_key<int64_t>("train.lr_steps", [](Config& c) -> std::vector<int64_t>& { return c.train.lr_steps; }, 1, 1e15,
+                        "manual schedule: optimizer steps where the rate changes (increasing)."),
+      list_key<double>("train.lr_values", [](Config& c) -> std::vector<double>& { return c.train.lr_values; }, 0, 10,
+                       "manual schedule: the rate from the matching lr_steps entry on."),
+      double_key("train.warmup_epochs", [](Config& c) -> double& { return c.train.warmup_epochs; }, 0, 1000,
+                 "Warmup length in epochs (at least 100 iterations when > 0; 0 = none): the rate rises "
+                 "linearly from 0 (biases: from warmup_bias_lr), momentum from warmup_momentum."),
+      double_key("train.warmup_momentum", [](Config& c) -> double& { return c.train.warmup_momentum; }, 0, 0.999999,
+                 "Momentum at the start of warmup."),
+      double_key("train.warmup_bias_lr", [](Config& c) -> double& { return c.train.warmup_bias_lr; }, 0, 10,
+                 "Bias learning rate at the start of warmup."),
+      enum_key<AmpMode>("train.amp", [](Config& c) -> AmpMode& { return c.train.amp; },
+                        {{"auto", AmpMode::auto_}, {"off", AmpMode::off}, {"fp16", AmpMode::fp16}, {"bf16", AmpMode::bf16}},
+                        "Mixed precision: fp16 (CUDA; with a dynamic loss scaler), bf16 (CUDA or CPU, no scaler), "
+                        "off; auto = fp16 on CUDA, off on the CPU.",
+                        {{"true", AmpMode::fp16}, {"false", AmpMode::off}, {"True", AmpMode::fp16}, {"False", AmpMode::off}}),
+      bool_key("train.ema", [](Config& c) -> bool& { return c.train.ema; },
+               "Keep an exponential moving average of the weights; it is what validation and best.pt use."),
+      double_key("train.ema_decay", [](Config& c) -> double& { return c.train.ema_decay; }, 0, 1, "EMA decay."),
+      double_key("train.ema_tau", [](Config& c) -> double& { return c.train.ema_tau; }, 1, 1e9,
+                 "EMA warm-up: the decay is ema_decay * (1 - exp(-updates / ema_tau))."),
+      double_key("train.clip_grad", [](Config& c) -> double& { return c.train.clip_grad; }, 0, 1e9,
+                 "Largest gradient norm (after unscaling); 0 = no clipping."),
+      int_key<int>("train.max_bad_steps", [](Config& c) -> int& { return c.train.max_bad_steps; }, 1, 1 << 20,
+                   "Steps with non-finite loss or gradients are skipped; this many in a row stop the run."),
+      int_key<int>("train.val_every", [](Config& c) -> int& { return c.train.val_every; }, 0, 1 << 20,
+                   "Validate every N epochs (and after the last); 0 = after the last only."),
+      int_key<int64_t>("train.val_every_steps", [](Config& c) -> int64_t& { return c.train.val_every_steps; }, 0,
+                       int64_t{1} << 40, "Also validate every N optimizer steps; 0 = off."),
+      int_key<int64_t>("train.save_every_steps", [](Config& c) -> int64_t& { return c.train.save_every_steps; }, 0,
+                       int64_t{1} << 40, "Write weights/step_N.pt every N optimizer steps; 0 = off (last.pt and best.pt are always written)."),
+      int_key<int>("train.keep", [](Config& c) -> int& { return c.train.keep; }, 1, 1 << 20, "Step checkpoints kept (the newest)."),
+      int_key<int>("train.log_every", [](Config& c) -> int& { return c.train.log_every; }, 1, 1 << 20,
+                   "Optimizer steps between progress updates; each reads the losses back from the device once."),
+      bool_key("train.plots", [](Config& c) -> bool& { return c.train.plots; },
+               "Draw results.png, train_batch0.jpg and labels.jpg in the run directory."),
       // memory
       enum_key<CheckpointMode>("memory.activation_checkpointing",
                                [](Config& c) -> CheckpointMode& { return c.memory.activation_checkpointing; },

@@ -1,9 +1,32 @@
 #include "headroom/core/device.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
 
 namespace headroom {
+
+#ifdef HEADROOM_WITH_CUDA
+DeviceMemory cuda_device_memory(int index);  // device_cuda.cpp
+#endif
+
+DeviceMemory device_memory(c10::Device device) {
+#ifdef HEADROOM_WITH_CUDA
+  if (device.is_cuda()) return cuda_device_memory(device.has_index() ? device.index() : 0);
+#endif
+  (void)device;
+  DeviceMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) m.allocated = m.reserved = kb * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
+  }
+  return m;
+}
 
 #ifndef HEADROOM_WITH_CUDA
 CudaStatus query_cuda() {

@@ -1,11 +1,23 @@
 // CUDA side of the device policy; compiled only when the Torch found carries CUDA.
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <cuda_runtime_api.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
 
 #include "headroom/core/device.h"
 
 namespace headroom {
+
+DeviceMemory cuda_device_memory(int index) {
+  using c10::cuda::CUDACachingAllocator::StatType;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  const auto all = static_cast<size_t>(StatType::AGGREGATE);
+  DeviceMemory m;
+  m.allocated = stats.allocated_bytes[all].current;
+  m.reserved = stats.reserved_bytes[all].current;
+  m.peak = stats.allocated_bytes[all].peak;
+  return m;
+}
 
 CudaStatus query_cuda() {
   CudaStatus s;

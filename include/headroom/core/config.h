@@ -18,6 +18,11 @@ enum class OnError { skip, fail };
 //   stages: coarse (YOLO: backbone and neck stages; Hourglass: one segment per stack)
 //   all:    fine (YOLO: every layer with parameters; Hourglass: every block sequence of every level)
 enum class CheckpointMode { off, stages, all };
+enum class OptimizerKind { sgd, adam, adamw };
+// linear / cosine: from lr0 to lr0 * lrf over the run; manual: TF OD API manual_step_learning_rate.
+enum class LrSchedule { linear, cosine, manual };
+// auto: fp16 on CUDA, off on the CPU.
+enum class AmpMode { auto_, off, fp16, bf16 };
 
 // An integer setting that may be "auto", resolved where the run knows the machine.
 struct AutoInt {
@@ -40,6 +45,7 @@ struct ModelConfig {
   std::string file = "models/yolov8n.yaml";  // Ultralytics-format model YAML
   std::string scale;                         // "" = from the file name or the file
   bool channels_last = false;
+  std::string init_from;                     // weights or checkpoint to start from (matching names and shapes)
 };
 
 struct MemoryConfig {
@@ -72,8 +78,36 @@ struct EvalConfig {
   int64_t topk = 100;               // CenterNet peaks per image
 };
 
+// Defaults are Ultralytics' (SGD, lr0 0.01, lrf 0.01, momentum 0.937, warmup 3 epochs).
 struct TrainConfig {
   int batch = 16;                   // micro-batch the loader collates
+  int nominal_batch = 64;           // images summed per optimizer step (accumulation)
+  int epochs = 100;
+  int64_t steps = 0;                // optimizer steps; > 0 overrides epochs (TF OD API num_steps)
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  double lr0 = 0.01;
+  double lrf = 0.01;
+  double momentum = 0.937;          // SGD momentum, Adam beta1
+  bool nesterov = true;
+  double weight_decay = 5e-4;       // scaled by batch * accumulate / nominal_batch, as Ultralytics
+  LrSchedule schedule = LrSchedule::linear;
+  std::vector<int64_t> lr_steps;    // manual: optimizer steps where the rate changes
+  std::vector<double> lr_values;    // manual: the rate from each of those steps on
+  double warmup_epochs = 3.0;       // at least 100 iterations when > 0
+  double warmup_momentum = 0.8;
+  double warmup_bias_lr = 0.1;
+  AmpMode amp = AmpMode::auto_;
+  bool ema = true;
+  double ema_decay = 0.9999;
+  double ema_tau = 2000;
+  double clip_grad = 10.0;          // max gradient norm; 0 = off
+  int max_bad_steps = 20;           // non-finite steps in a row before the run stops
+  int val_every = 1;                // epochs between validations; 0 = at the end only
+  int64_t val_every_steps = 0;      // also every N optimizer steps; 0 = off
+  int64_t save_every_steps = 0;     // keep a checkpoint every N optimizer steps; 0 = off
+  int keep = 3;                     // step checkpoints kept
+  int log_every = 10;               // optimizer steps between progress updates (one host sync each)
+  bool plots = true;
 };
 
 struct LogConfig {
@@ -125,5 +159,8 @@ Json config_to_json(const Config& c);
 const char* to_string(CacheMode m);
 const char* to_string(OnError e);
 const char* to_string(CheckpointMode m);
+const char* to_string(OptimizerKind k);
+const char* to_string(LrSchedule s);
+const char* to_string(AmpMode m);
 
 }  // namespace headroom

@@ -43,4 +43,11 @@ DeviceChoice resolve_device(const std::string& spec, const CudaStatus& cuda);
 
 Json cuda_status_json(const CudaStatus& s);
 
+// Memory in use on a device, read without a sync. CUDA: the caching allocator (allocated,
+// reserved, peak allocated); CPU: the process (resident, resident, peak resident).
+struct DeviceMemory {
+  int64_t allocated = 0, reserved = 0, peak = 0;
+};
+DeviceMemory device_memory(c10::Device device);
+
 }  // namespace headroom

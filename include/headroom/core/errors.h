@@ -11,6 +11,7 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,   // a run failed while working (I/O, a bug, an interrupted job)
   kExitBadInput = 2,  // the user's input is wrong: config, CLI, data, device request
+  kExitInterrupted = 130,  // stopped by Ctrl-C after writing a checkpoint (128 + SIGINT)
 };
 
 // Base of every error Headroom raises on purpose.

@@ -23,6 +23,10 @@
 #define HEADROOM_ALLOCATOR_COPY_DATA
 #endif
 
+// Fused optimizer kernels (_fused_sgd_, _fused_adam_, _fused_adamw_ with found_inf) on CPU and
+// CUDA arrived in 2.4; before that the optimizers use _foreach_ ops.
+#define HEADROOM_HAS_FUSED_OPTIMIZERS HEADROOM_TORCH_AT_LEAST(2, 4)
+
 namespace headroom::compat {
 
 // Autocast state per device type: 1.13 has separate CPU / GPU functions, 2.4+ takes the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <torch/serialize/archive.h>
 
 #include <string>
 #include <vector>
@@ -18,6 +19,15 @@ struct WeightsInfo {
 };
 
 void save_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path);
+// The same contents into an archive that may hold more (training checkpoints are weights files too).
+void write_weights(DetectorImpl& model, const WeightsInfo& info, torch::serialize::OutputArchive& archive);
+// Saves an archive whole or not at all (temporary file in the same folder, fsync, rename), with
+// a trailer holding its length and a 64-bit hash.
+void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::string& path);
+// Loads what save_archive_atomic wrote; InputError naming the file when it is missing,
+// truncated or changed after writing (`what` names the kind of file in the message).
+void load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
+                           const std::string& what);
 
 struct LoadedWeights {
   Detector model{nullptr};

@@ -1,0 +1,73 @@
+// Optimizers over parameter groups, updated with multi-tensor ops: the fused ATen kernels
+// (_fused_sgd_ / _fused_adam_ / _fused_adamw_, CPU and CUDA) where this LibTorch has them,
+// `_foreach_` ops otherwise. A step can be skipped by a device flag (found_inf) without a host
+// sync on the fused path, which is what the loss scaler and the non-finite guard rely on.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <string>
+#include <vector>
+
+#include "headroom/core/config.h"
+
+namespace headroom::train {
+
+struct OptimizerOptions {
+  TORCH_ARG(OptimizerKind, kind) = OptimizerKind::sgd;
+  TORCH_ARG(double, momentum) = 0.937;  // SGD momentum; Adam beta1
+  TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(bool, nesterov) = true;
+  TORCH_ARG(bool, fused) = true;        // use the fused kernels when available
+};
+
+// One group: its parameters and hyper-parameters (the schedule sets lr and momentum per step).
+struct ParamGroup {
+  std::string name;                  // "weights" | "norm" | "bias"
+  std::vector<at::Tensor> params;
+  double lr = 0.01;
+  double momentum = 0.937;
+  double weight_decay = 0;
+  bool is_bias = false;              // warmup starts biases at warmup_bias_lr
+};
+
+// Ultralytics' split: convolution / linear weights with decay; BatchNorm (any 1-D) weights and
+// biases without.
+std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay);
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options);
+
+  // found_inf: undefined, or a float [] tensor on the parameters' device; 1 skips the update.
+  void step(const at::Tensor& found_inf = {});
+  void zero_grad();  // gradients to undefined (accumulation starts from nothing)
+
+  std::vector<ParamGroup>& groups() { return groups_; }
+  const OptimizerOptions& options() const { return options_; }
+  bool fused() const { return fused_; }
+  std::vector<at::Tensor> grads() const;  // defined gradients of every group
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  struct State {
+    std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq
+    at::Tensor step;                     // float [] on the device: optimizer steps taken
+  };
+  void step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                  const at::Tensor& found_inf);
+  void step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads);
+
+  std::vector<ParamGroup> groups_;
+  std::vector<State> state_;
+  OptimizerOptions options_;
+  bool fused_ = false;
+};
+
+}  // namespace headroom::train

@@ -1,0 +1,405 @@
+#include "headroom/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <regex>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/json.h"
+#include "headroom/core/logging.h"
+#include "headroom/eval/validate.h"
+#include "headroom/models/weights.h"
+
+namespace headroom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr int kCheckpointFormat = 1;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+at::Tensor scalar_on(c10::Device device) { return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device)); }
+}  // namespace
+
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
+  TrainerParts p;
+  p.config = c;
+  p.device = device;
+  p.run_dir = run_dir;
+  p.train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  if (data::read_data_yaml(c.data.dataset).split("val"))
+    p.val_split = std::make_shared<const data::Split>(data::load_split(c, "val"));
+  else
+    spdlog::warn("{}: no val split; the run trains without validation and best.pt", c.data.dataset);
+  const int64_t nc = int64_t(p.train_split->names.size());
+  at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
+  p.model = models::build_detector(c, nc);
+  if (!c.model.init_from.empty()) {
+    const std::vector<std::string> skipped = init_from_weights(*p.model, c.model.init_from);
+    spdlog::info("model.init_from {}: {} tensors skipped{}", c.model.init_from, skipped.size(), skipped.empty() ? "" : ":");
+    for (const auto& s : skipped) spdlog::info("  {}", s);
+  }
+  p.model->to(device);
+  if (c.train.ema) {
+    p.ema_copy = models::build_detector(c, nc);
+    p.ema_copy->to(device);
+  }
+  return p;
+}
+
+Trainer::Trainer(TrainerParts parts)
+    : config_(std::move(parts.config)),
+      device_(parts.device),
+      run_dir_(std::move(parts.run_dir)),
+      train_split_(std::move(parts.train_split)),
+      val_split_(std::move(parts.val_split)),
+      model_(std::move(parts.model)) {
+  amp_ = resolve_amp(config_, device_);
+  loader_ = std::make_unique<data::Loader>(train_split_, data::loader_options(config_, *train_split_, /*training=*/true, device_.is_cuda()));
+  const TrainConfig& t = config_.train;
+  const int64_t nb = loader_->batches_per_epoch();
+  accumulate_ = std::max<int64_t>(std::llround(double(t.nominal_batch) / double(t.batch)), 1);
+  steps_per_epoch_ = (nb + accumulate_ - 1) / accumulate_;
+  total_steps_ = t.steps > 0 ? t.steps : int64_t(t.epochs) * steps_per_epoch_;
+  epochs_ = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
+  // Ultralytics scales the decay with the images per step relative to the nominal batch.
+  const double decay = t.weight_decay * double(t.batch * accumulate_) / double(t.nominal_batch);
+  optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay),
+                                           OptimizerOptions().kind(t.optimizer).momentum(t.momentum).nesterov(t.nesterov));
+  schedule_ = std::make_unique<Schedule>(schedule_options(config_, total_steps_, warmup_steps(t.warmup_epochs, nb, accumulate_)));
+  schedule_->apply(*optimizer_, 0);  // valid rates even without the schedule hook
+  if (amp_ == AmpMode::fp16) scaler_ = std::make_unique<LossScaler>(device_);
+  loss_ = parts.loss ? std::move(parts.loss) : losses::make_loss(model_->info(), losses::loss_options(config_));
+  if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), t.ema_decay, t.ema_tau);
+  skipped_ = scalar_on(device_);
+  bad_run_ = scalar_on(device_);
+  model_->train();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::train() {
+  start_ = std::chrono::steady_clock::now();
+  const int64_t nb = loader_->batches_per_epoch();
+  if (state_.batch >= nb) {  // saved after the epoch's last step: its epoch-end hooks already ran
+    ++state_.epoch;
+    state_.batch = 0;
+  }
+  each_hook([&](Hook& h) { h.before_train(*this); });
+  if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, state_.batch);
+  while (!state_.stop && state_.step < total_steps_) {
+    try {
+      run_step();
+    } catch (const c10::OutOfMemoryError& e) {
+      bool handled = false;
+      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e); });
+      if (!handled)
+        throw Error("out of memory in optimizer step " + std::to_string(state_.step + 1) + " (micro-batch " +
+                    std::to_string(config_.train.batch) + " at " + std::to_string(config_.data.imgsz) +
+                    " px); the last checkpoint is intact. Lower train.batch (accumulation keeps train.nominal_batch), "
+                    "use train.amp, or memory.activation_checkpointing=stages. " + e.what_without_backtrace());
+      continue;
+    }
+    each_hook([&](Hook& h) { h.after_step(*this); });
+    if (state_.batch >= nb) end_epoch();
+  }
+  if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
+  each_hook([&](Hook& h) { h.after_train(*this); });
+}
+
+void Trainer::end_epoch() {
+  each_hook([&](Hook& h) { h.after_epoch(*this); });
+  ++state_.epoch;
+  state_.batch = 0;
+  data_wait_ = 0;
+  if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, 0);
+}
+
+void Trainer::run_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  each_hook([&](Hook& h) { h.before_step(*this); });
+  const int64_t nb = loader_->batches_per_epoch();
+  for (int64_t micro = 0; micro < accumulate_ && state_.batch < nb; ++micro) {
+    std::optional<data::HostBatch> batch = loader_->next();
+    if (!batch) throw Error("the loader ended epoch " + std::to_string(state_.epoch) + " early at batch " + std::to_string(state_.batch));
+    data_wait_ += batch->wait_seconds;
+    forward_backward(*batch);
+    ++state_.batch;
+    state_.images += batch->size();
+    last_batch_ = std::move(batch);
+  }
+  optimizer_step();
+  ++state_.step;
+  step_seconds_ = seconds_since(t0);
+}
+
+void Trainer::forward_backward(const data::HostBatch& batch) {
+  // Host -> device without blocking (the loader pins batches for CUDA runs).
+  at::Tensor x = eval::model_input(batch.images, device_);  // [B, 3, S, S] float in [0, 1]
+  const losses::Targets targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true),
+                                                       batch.crowd.to(device_, true));
+  // On-device augmentation plugs in here: it transforms x and the targets with per-image
+  // parameters drawn on the device, before the model sees them.
+  losses::LossTerms terms;
+  {
+    AutocastGuard autocast(device_.type(), amp_dtype(amp_));
+    models::HeadOutputs out = model_->forward(x);
+    for (auto& [name, levels] : out)  // the loss works in fp32 on the (autocast) head outputs
+      for (auto& level : levels) level = level.to(at::kFloat);
+    terms = (*loss_)(out, targets);
+  }
+  const at::Tensor total = terms.total.to(at::kFloat);
+  (scaler_ ? scaler_->scale(total) : total).backward();
+
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> items;
+  if (loss_names_.empty())
+    for (const auto& [name, v] : terms.items) loss_names_.push_back(name);
+  for (const auto& [name, v] : terms.items) items.push_back(v.detach().to(at::kFloat).reshape({}));
+  const at::Tensor stacked = at::stack(items);
+  loss_sum_ = loss_sum_.defined() ? loss_sum_ + stacked : stacked;
+  ++micro_since_read_;
+}
+
+void Trainer::optimizer_step() {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> grads = optimizer_->grads();
+  at::Tensor found = scaler_ ? scaler_->unscale_(grads) : scalar_on(device_);
+  const at::Tensor norm = grad_norm(grads);
+  found = at::maximum(found, at::logical_not(at::isfinite(norm)).to(at::kFloat).to(device_));
+  if (config_.train.clip_grad > 0) clip_grads_(grads, norm, config_.train.clip_grad);
+  optimizer_->step(found);
+  if (scaler_) scaler_->update(found);
+  optimizer_->zero_grad();
+  skipped_.add_(found);
+  bad_run_.add_(found).mul_(found);
+}
+
+StepCounters& Trainer::read_counters() {
+  if (counters_step_ == state_.step) return counters_;
+  counters_step_ = state_.step;
+  std::vector<at::Tensor> parts = {skipped_.reshape({1}), bad_run_.reshape({1}),
+                                   scaler_ ? scaler_->scale_tensor().reshape({1}) : scalar_on(device_).reshape({1})};
+  if (loss_sum_.defined()) parts.push_back(loss_sum_ / double(std::max<int64_t>(micro_since_read_, 1)));
+  const at::Tensor host = at::cat(parts).cpu();  // the one host sync
+  const float* v = host.data_ptr<float>();
+  counters_.skipped_steps = v[0];
+  counters_.bad_run = v[1];
+  counters_.loss_scale = v[2];
+  counters_.micro_batches = micro_since_read_;
+  counters_.losses.clear();
+  if (loss_sum_.defined())
+    for (size_t i = 0; i < loss_names_.size(); ++i) counters_.losses.emplace_back(loss_names_[i], v[3 + i]);
+  loss_sum_ = at::Tensor();
+  micro_since_read_ = 0;
+  return counters_;
+}
+
+std::optional<eval::CocoStats> Trainer::validate() {
+  if (!val_split_) return std::nullopt;
+  models::DetectorImpl& m = eval_model();
+  const eval::ValidationResult r = eval::validate(m, val_split_, eval::validate_options(config_, *val_split_, m.info(), device_));
+  last_metrics_ = r.stats;
+  state_.last_eval_step = state_.step;
+  return r.stats;
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+  at::NoGradGuard no_grad;
+  fs::create_directories(fs::path(path).parent_path());
+  torch::serialize::OutputArchive root;
+  models::write_weights(eval_model(), models::WeightsInfo{train_split_->names, train_split_->category_ids}, root);
+  torch::serialize::OutputArchive ck, model, optim;
+  model_->save(model);
+  ck.write("model", model);
+  optimizer_->save(optim);
+  ck.write("optimizer", optim);
+  if (ema_) {
+    torch::serialize::OutputArchive e;
+    ema_->save(e);
+    ck.write("ema", e);
+  }
+  if (scaler_) {
+    torch::serialize::OutputArchive s;
+    scaler_->save(s);
+    ck.write("scaler", s);
+  }
+  ck.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+  if (device_.is_cuda()) ck.write("rng_cuda", at::globalContext().defaultGenerator(device_).get_state(), true);
+  ck.write("counters", at::stack({skipped_, bad_run_}), true);
+  Json meta = Json::object();
+  meta["format"] = kCheckpointFormat;
+  meta["epoch"] = state_.epoch;
+  meta["batch"] = state_.batch;
+  meta["step"] = state_.step;
+  meta["images"] = state_.images;
+  meta["best_fitness"] = state_.best_fitness;
+  meta["best_step"] = state_.best_step;
+  meta["last_eval_step"] = state_.last_eval_step;
+  meta["total_steps"] = total_steps_;
+  meta["shuffle_seed"] = config_.seed;
+  meta["config"] = config_to_yaml(config_);
+  ck.write("meta", c10::IValue(meta.dump()));
+  root.write("checkpoint", ck);
+  models::save_archive_atomic(root, path);
+}
+
+namespace {
+
+// Opens a checkpoint and returns its training part; InputError naming the file otherwise.
+torch::serialize::InputArchive open_checkpoint(const std::string& path, c10::Device device, torch::serialize::InputArchive& root,
+                                               Json& meta) {
+  models::load_archive_verified(root, path, device, "checkpoint");
+  torch::serialize::InputArchive ck;
+  try {
+    if (!root.try_read("checkpoint", ck))
+      throw InputError(path + ": a weights file without training state; start a new run from it with model.init_from=" + path);
+    c10::IValue m;
+    ck.read("meta", m);
+    meta = Json::parse(m.toStringRef(), path);
+  } catch (const c10::Error& e) {
+    throw InputError(path + ": cannot read the checkpoint: " + e.what_without_backtrace());
+  }
+  const Json* format = meta.find("format");
+  if (!format || format->as_number() != kCheckpointFormat)
+    throw InputError(path + ": checkpoint format not supported by this Headroom");
+  return ck;
+}
+
+int64_t meta_int(const Json& meta, const char* key) { return static_cast<int64_t>(meta.find(key)->as_number()); }
+
+}  // namespace
+
+void Trainer::load_checkpoint(const std::string& path) {
+  at::NoGradGuard no_grad;
+  torch::serialize::InputArchive root;
+  Json meta;
+  torch::serialize::InputArchive ck = open_checkpoint(path, device_, root, meta);
+  try {
+    torch::serialize::InputArchive model, optim;
+    ck.read("model", model);
+    model_->load(model);
+    ck.read("optimizer", optim);
+    optimizer_->load(optim);
+    torch::serialize::InputArchive e, s;
+    if (ema_ && ck.try_read("ema", e)) ema_->load(e);
+    if (scaler_ && ck.try_read("scaler", s)) scaler_->load(s);
+    at::Tensor rng, counters;
+    ck.read("rng_cpu", rng, true);
+    at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
+    cpu_gen.set_state(rng.cpu());
+    if (device_.is_cuda() && ck.try_read("rng_cuda", rng, true)) {
+      at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
+      cuda_gen.set_state(rng.cpu());
+    }
+    ck.read("counters", counters, true);
+    skipped_.copy_(counters[0]);
+    bad_run_.copy_(counters[1]);
+  } catch (const c10::Error& e) {
+    throw InputError(path + ": the checkpoint does not fit this model and optimizer (another architecture, class count or "
+                     "optimizer?): " + e.what_without_backtrace());
+  }
+  state_.epoch = meta_int(meta, "epoch");
+  state_.batch = meta_int(meta, "batch");
+  state_.step = meta_int(meta, "step");
+  state_.images = meta_int(meta, "images");
+  state_.best_fitness = meta.find("best_fitness")->as_number();
+  state_.best_step = meta_int(meta, "best_step");
+  state_.last_eval_step = meta_int(meta, "last_eval_step");
+  model_->train();
+  spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps_);
+}
+
+std::string checkpoint_config_yaml(const std::string& path) {
+  torch::serialize::InputArchive root;
+  Json meta;
+  open_checkpoint(path, c10::Device(c10::kCPU), root, meta);
+  return meta.find("config")->as_string();
+}
+
+std::string find_resume_checkpoint(const std::string& project, const std::string& name) {
+  std::vector<std::pair<fs::file_time_type, std::string>> found;
+  std::error_code ec;
+  const std::regex run_name(std::regex_replace(name, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "[0-9]*");
+  for (const auto& dir : fs::directory_iterator(project, ec)) {
+    if (!dir.is_directory() || !std::regex_match(dir.path().filename().string(), run_name)) continue;
+    for (const auto& f : fs::directory_iterator(dir.path() / "weights", ec)) {
+      const std::string file = f.path().filename().string();
+      if (file == "last.pt" || (file.rfind("step_", 0) == 0 && f.path().extension() == ".pt"))
+        found.emplace_back(fs::last_write_time(f.path()), f.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [time, path] : found) {
+    try {
+      torch::serialize::InputArchive root;
+      Json meta;
+      open_checkpoint(path, c10::Device(c10::kCPU), root, meta);
+      return path;
+    } catch (const InputError& e) {
+      spdlog::warn("resume: refusing {}", e.what());
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path) {
+  torch::serialize::InputArchive archive;
+  models::load_archive_verified(archive, path, c10::Device(c10::kCPU), "weights file (model.init_from)");
+  at::NoGradGuard no_grad;
+  std::vector<std::string> skipped;
+  int64_t loaded = 0;
+  // Module::save nests one archive per child module, so the walk follows the module tree.
+  std::function<void(torch::nn::Module&, torch::serialize::InputArchive&, const std::string&)> walk =
+      [&](torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& prefix) {
+        const auto take = [&](const std::string& name, at::Tensor& into, bool is_buffer) {
+          at::Tensor t;
+          if (!a.try_read(name, t, is_buffer)) {
+            skipped.push_back(prefix + name + ": not in the file");
+          } else if (!t.sizes().equals(into.sizes())) {
+            skipped.push_back(prefix + name + ": shape " + c10::str(t.sizes()) + " in the file, " + c10::str(into.sizes()) + " here");
+          } else {
+            into.copy_(t);
+            ++loaded;
+          }
+        };
+        for (auto& p : m.named_parameters(/*recurse=*/false)) take(p.key(), p.value(), false);
+        for (auto& b : m.named_buffers(/*recurse=*/false)) take(b.key(), b.value(), true);
+        for (auto& c : m.named_children()) {
+          torch::serialize::InputArchive sub;
+          if (a.try_read(c.key(), sub))
+            walk(*c.value(), sub, prefix + c.key() + ".");
+          else if (!c.value()->parameters().empty())
+            skipped.push_back(prefix + c.key() + ": not in the file");
+        }
+      };
+  walk(model, archive, "");
+  if (loaded == 0) throw InputError(path + ": model.init_from: no tensor of this model is in the file (another architecture?)");
+  return skipped;
+}
+
+namespace {
+std::atomic<bool> g_interrupt{false};
+extern "C" void on_sigint(int) {
+  g_interrupt.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+}  // namespace
+
+void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
+bool interrupt_requested() { return g_interrupt.load(); }
+void request_interrupt() { g_interrupt.store(true); }
+
+}  // namespace headroom::train

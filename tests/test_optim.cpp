@@ -1,0 +1,234 @@
+// Optimizers against the per-parameter formulas, schedules, the loss scaler, the autocast guard
+// and the EMA.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+
+#include <cmath>
+
+#include "headroom/core/torch_compat.h"
+#include "headroom/models/detector.h"
+#include "headroom/train/amp.h"
+#include "headroom/train/ema.h"
+#include "headroom/train/optimizer.h"
+#include "headroom/train/schedule.h"
+
+using namespace headroom;
+using namespace headroom::train;
+
+namespace {
+
+// PyTorch's documented algorithms, one parameter at a time with plain tensor ops.
+void reference_step(OptimizerKind kind, at::Tensor& p, at::Tensor g, at::Tensor& buf1, at::Tensor& buf2, int64_t t,
+                    double lr, double m, double beta2, double eps, double wd, bool nesterov) {
+  if (kind == OptimizerKind::sgd) {
+    if (wd != 0) g = g + wd * p;
+    buf1 = m * buf1 + g;  // zero-initialised buffer: the first step gives buf = g, as torch.optim
+    p = p - lr * (nesterov ? g + m * buf1 : buf1);
+    return;
+  }
+  if (kind == OptimizerKind::adamw)
+    p = p * (1 - lr * wd);
+  else if (wd != 0)
+    g = g + wd * p;
+  buf1 = m * buf1 + (1 - m) * g;
+  buf2 = beta2 * buf2 + (1 - beta2) * g * g;
+  const double bc1 = 1 - std::pow(m, double(t)), bc2 = 1 - std::pow(beta2, double(t));
+  p = p - (lr / bc1) * buf1 / (buf2.sqrt() / std::sqrt(bc2) + eps);
+}
+
+double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).abs() / (b.abs() + 1e-12)).max().item<double>();
+}
+
+void check_against_reference(OptimizerKind kind, bool fused) {
+  at::manual_seed(3);
+  std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};
+  for (auto& p : params) p.set_requires_grad(true);
+  std::vector<ParamGroup> groups = {{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false},
+                                    {"bias", {params[1]}, 0.02, 0.9, 0.0, true}};
+  Optimizer opt(groups, OptimizerOptions().kind(kind).fused(fused));
+  std::vector<at::Tensor> ref_p, ref_b1, ref_b2;
+  for (const auto& p : params) {
+    ref_p.push_back(p.detach().clone());
+    ref_b1.push_back(at::zeros_like(p));
+    ref_b2.push_back(at::zeros_like(p));
+  }
+  const int owner[] = {0, 1, 0};
+  for (int64_t step = 1; step <= 6; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor g = at::randn(params[i].sizes());
+      params[i].mutable_grad() = g.clone();
+      const ParamGroup& grp = opt.groups()[size_t(owner[i])];
+      reference_step(kind, ref_p[i], g, ref_b1[i], ref_b2[i], step, grp.lr, grp.momentum, 0.999, 1e-8, grp.weight_decay, true);
+    }
+    opt.step();
+    opt.zero_grad();
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_LE(max_rel_diff(params[i].detach(), ref_p[i]), 1e-5) << "parameter " << i << (fused ? " (fused)" : " (foreach)");
+}
+
+}  // namespace
+
+TEST(Optimizer, SgdNesterovMatchesTheReference) { check_against_reference(OptimizerKind::sgd, false); }
+TEST(Optimizer, AdamMatchesTheReference) { check_against_reference(OptimizerKind::adam, false); }
+TEST(Optimizer, AdamWMatchesTheReference) { check_against_reference(OptimizerKind::adamw, false); }
+
+TEST(Optimizer, FusedKernelsMatchTheReference) {
+#if HEADROOM_HAS_FUSED_OPTIMIZERS
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}) check_against_reference(kind, true);
+#else
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no fused optimizer kernels (2.4+)";
+#endif
+}
+
+TEST(Optimizer, AFoundInfFlagSkipsTheStepAndItsCount) {
+  for (bool fused : {false, bool(HEADROOM_HAS_FUSED_OPTIMIZERS)}) {
+    at::manual_seed(1);
+    at::Tensor p = at::randn({8}).set_requires_grad(true);
+    at::Tensor q = p.detach().clone().set_requires_grad(true);
+    const auto adam = OptimizerOptions().kind(OptimizerKind::adam).fused(fused);
+    Optimizer skipping({{"weights", {p}, 0.1, 0.9, 0.0, false}}, adam), clean({{"weights", {q}, 0.1, 0.9, 0.0, false}}, adam);
+    p.mutable_grad() = at::ones({8});
+    skipping.step(at::zeros({}));
+    const at::Tensor after_one = p.detach().clone();
+    p.mutable_grad() = at::full({8}, NAN);
+    skipping.step(at::ones({}));
+    EXPECT_TRUE(at::equal(p.detach(), after_one)) << (fused ? "fused" : "foreach");
+    p.mutable_grad() = at::ones({8});
+    skipping.step(at::zeros({}));
+    // Two clean steps: the skipped one changed neither the moments nor Adam's step count.
+    for (int i = 0; i < 2; ++i) {
+      q.mutable_grad() = at::ones({8});
+      clean.step(at::zeros({}));
+    }
+    EXPECT_TRUE(at::equal(p.detach(), q.detach())) << (fused ? "fused" : "foreach");
+  }
+}
+
+TEST(Optimizer, GroupsKeepDecayOffNormWeightsAndBiases) {
+  torch::nn::Sequential m(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).bias(false)), torch::nn::BatchNorm2d(4),
+                          torch::nn::Conv2d(4, 2, 1));
+  const std::vector<ParamGroup> g = parameter_groups(*m, 5e-4);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].name, "weights");
+  EXPECT_EQ(g[0].params.size(), 2u);  // two conv weights
+  EXPECT_DOUBLE_EQ(g[0].weight_decay, 5e-4);
+  EXPECT_EQ(g[1].name, "norm");       // BatchNorm weight
+  EXPECT_EQ(g[1].params.size(), 1u);
+  EXPECT_EQ(g[2].name, "bias");       // BatchNorm bias, conv bias
+  EXPECT_EQ(g[2].params.size(), 2u);
+  EXPECT_DOUBLE_EQ(g[1].weight_decay + g[2].weight_decay, 0.0);
+}
+
+TEST(Schedule, LinearCosineAndManualSteps) {
+  const Schedule lin(ScheduleOptions().kind(LrSchedule::linear).lr0(0.01).lrf(0.01).total_steps(100));
+  EXPECT_DOUBLE_EQ(lin.base_lr(0), 0.01);
+  EXPECT_NEAR(lin.base_lr(50), 0.01 * (0.5 * 0.99 + 0.01), 1e-15);
+  EXPECT_NEAR(lin.base_lr(100), 0.0001, 1e-15);
+  const Schedule cos(ScheduleOptions().kind(LrSchedule::cosine).lr0(0.01).lrf(0.1).total_steps(100));
+  EXPECT_NEAR(cos.base_lr(50), 0.01 * 0.55, 1e-12);
+  EXPECT_NEAR(cos.base_lr(100), 0.001, 1e-12);
+  // The TF OD API config: 1e-3, 1e-4 from step 1000, 1e-5 from step 5000.
+  const Schedule man(ScheduleOptions().kind(LrSchedule::manual).lr0(1e-3).lr_steps({1000, 5000}).lr_values({1e-4, 1e-5}).total_steps(6000));
+  EXPECT_DOUBLE_EQ(man.base_lr(999), 1e-3);
+  EXPECT_DOUBLE_EQ(man.base_lr(1000), 1e-4);
+  EXPECT_DOUBLE_EQ(man.base_lr(4999), 1e-4);
+  EXPECT_DOUBLE_EQ(man.base_lr(5000), 1e-5);
+}
+
+TEST(Schedule, WarmupAsUltralytics) {
+  // 3 epochs of 10 batches = 30 iterations, raised to the minimum of 100; accumulate 4 -> 25 steps.
+  EXPECT_EQ(warmup_steps(3.0, 10, 4), 25);
+  EXPECT_EQ(warmup_steps(3.0, 1000, 1), 3000);
+  EXPECT_EQ(warmup_steps(0.0, 1000, 1), 0);
+  const Schedule s(ScheduleOptions().lr0(0.01).lrf(0.01).momentum(0.937).total_steps(1000).warmup_steps(100));
+  EXPECT_DOUBLE_EQ(s.rates(0, false).lr, 0.0);
+  EXPECT_DOUBLE_EQ(s.rates(0, true).lr, 0.1);  // biases start at warmup_bias_lr
+  EXPECT_DOUBLE_EQ(s.rates(0, false).momentum, 0.8);
+  EXPECT_NEAR(s.rates(50, false).lr, 0.5 * s.base_lr(50), 1e-15);
+  EXPECT_NEAR(s.rates(50, true).lr, 0.1 + 0.5 * (s.base_lr(50) - 0.1), 1e-15);
+  EXPECT_NEAR(s.rates(50, false).momentum, 0.8 + 0.5 * 0.137, 1e-12);
+  EXPECT_DOUBLE_EQ(s.rates(100, true).lr, s.base_lr(100));
+  EXPECT_DOUBLE_EQ(s.rates(100, false).momentum, 0.937);
+}
+
+TEST(LossScaler, BacksOffOnInfAndGrowsAfterTheInterval) {
+  LossScaler scaler(c10::Device(c10::kCPU), LossScalerOptions().init_scale(1024).growth_interval(3));
+  std::vector<at::Tensor> grads = {at::full({3}, 2048.0f), at::full({2}, 1024.0f)};
+  at::Tensor found = scaler.unscale_(grads);
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  EXPECT_TRUE(at::allclose(grads[0], at::full({3}, 2.0f)));
+  EXPECT_TRUE(at::allclose(grads[1], at::ones({2})));
+  grads[1][0] = INFINITY;
+  found = scaler.unscale_(grads);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+  scaler.update(found);
+  EXPECT_EQ(scaler.scale_tensor().item<float>(), 512.0f);
+  for (int i = 0; i < 2; ++i) scaler.update(at::zeros({}));
+  EXPECT_EQ(scaler.scale_tensor().item<float>(), 512.0f);
+  scaler.update(at::zeros({}));  // the third clean step in a row
+  EXPECT_EQ(scaler.scale_tensor().item<float>(), 1024.0f);
+  EXPECT_EQ(scaler.growth_tracker().item<int>(), 0);
+  EXPECT_EQ(scaler.scale(at::ones({})).item<float>(), 1024.0f);
+}
+
+TEST(LossScaler, NanGradientsAreFound) {
+  LossScaler scaler(c10::Device(c10::kCPU));
+  std::vector<at::Tensor> grads = {at::ones({4}), at::full({1}, NAN)};
+  EXPECT_EQ(scaler.unscale_(grads).item<float>(), 1.0f);
+}
+
+TEST(Amp, AutocastGuardEnablesBf16AndRestores) {
+  EXPECT_FALSE(compat::autocast_enabled(c10::kCPU));
+  const at::Tensor a = at::randn({4, 4}), b = at::randn({4, 4});
+  {
+    AutocastGuard g(c10::kCPU, at::kBFloat16);
+    EXPECT_TRUE(compat::autocast_enabled(c10::kCPU));
+    EXPECT_EQ(at::mm(a, b).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_FALSE(compat::autocast_enabled(c10::kCPU));
+  EXPECT_EQ(at::mm(a, b).scalar_type(), at::kFloat);
+  {
+    AutocastGuard off(c10::kCPU, at::ScalarType::Undefined);
+    EXPECT_FALSE(compat::autocast_enabled(c10::kCPU));
+  }
+}
+
+TEST(Amp, GradNormAndClipping) {
+  std::vector<at::Tensor> grads = {at::full({4}, 3.0f), at::full({9}, 4.0f)};  // norm sqrt(36 + 144)
+  const at::Tensor n = grad_norm(grads);
+  EXPECT_NEAR(n.item<float>(), std::sqrt(180.0f), 1e-4);
+  clip_grads_(grads, n, 1.0);
+  EXPECT_NEAR(grad_norm(grads).item<float>(), 1.0f, 1e-4);
+  std::vector<at::Tensor> small = {at::full({2}, 0.1f)};
+  clip_grads_(small, grad_norm(small), 10.0);
+  EXPECT_FLOAT_EQ(small[0][0].item<float>(), 0.1f);
+  EXPECT_FALSE(std::isfinite(grad_norm({at::full({2}, INFINITY)}).item<float>()));
+}
+
+TEST(Ema, FollowsTheDecayRamp) {
+  at::manual_seed(0);
+  models::ModelSpec spec;
+  spec.file = std::string(HEADROOM_SOURCE_DIR) + "/models/yolov8.yaml";
+  spec.scale = "n";
+  spec.nc = 2;
+  models::Detector model(spec), copy(spec);
+  ModelEma ema(*model, copy, 0.9999, 2000);
+  const at::Tensor w0 = model->parameters()[0].detach().clone();
+  EXPECT_TRUE(at::equal(ema.model()->parameters()[0], w0));
+  {
+    at::NoGradGuard g;
+    model->parameters()[0].add_(1.0);
+  }
+  const double d = ema.decay_now();
+  EXPECT_NEAR(d, 0.9999 * (1 - std::exp(-1.0 / 2000)), 1e-15);
+  ema.update(*model);
+  EXPECT_EQ(ema.updates(), 1);
+  EXPECT_TRUE(at::allclose(ema.model()->parameters()[0], w0 * d + (w0 + 1) * (1 - d), 1e-6, 1e-6));
+  EXPECT_FALSE(ema.model()->parameters()[0].requires_grad());
+}
