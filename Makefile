@@ -1,5 +1,5 @@
 # Thin wrapper: installs missing packages, configures with CMake + Ninja, builds, runs.
-#   make demo       synthesise the demo data set and check it (training arrives with the engine)
+#   make demo       synthesise the demo data set, check it, train configs/demo.yaml, print the val mAP
 #   make test       the GoogleTest suite against Debian's LibTorch 1.13 (CPU)
 #   make test-cuda  the same suite against LibTorch 2.x with CUDA from the PyPI torch wheel
 #                   (a virtual environment under build-cuda/; CUDA code compiles and links,
@@ -28,8 +28,9 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	$(BUILD)/trainer data synth --out build/demo-data --images 240 --size 320 --seed 0
-	$(BUILD)/trainer data check --config configs/demo.yaml
+	$(BUILD)/trainer data synth --out build/demo-data --images 800 --size 160 --seed 0
+	$(BUILD)/trainer data check --config configs/demo.yaml --quick
+	$(BUILD)/trainer train --config configs/demo.yaml
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

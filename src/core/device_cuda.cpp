@@ -9,9 +9,9 @@
 namespace headroom {
 
 DeviceMemory cuda_device_memory(int index) {
-  using c10::cuda::CUDACachingAllocator::StatType;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
-  const auto all = static_cast<size_t>(StatType::AGGREGATE);
+  // Entry 0 is StatType::AGGREGATE (all pools); the enum moved namespaces between 2.x releases.
+  const size_t all = 0;
   DeviceMemory m;
   m.allocated = stats.allocated_bytes[all].current;
   m.reserved = stats.reserved_bytes[all].current;

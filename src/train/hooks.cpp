@@ -205,7 +205,12 @@ class LogHook : public Hook {
 
   void after_train(Trainer& t) override {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.start_time()).count();
-    if (!t.state().stop_reason.empty()) spdlog::error("{}", t.state().stop_reason);
+    if (!t.state().stop_reason.empty()) {
+      if (t.state().exit_code == kExitInterrupted)
+        spdlog::warn("{}", t.state().stop_reason);
+      else
+        spdlog::error("{}", t.state().stop_reason);
+    }
     spdlog::info("{} optimizer steps ({} images) in {}; best AP50-95 {:.4f} at step {}; weights in {}", t.state().step,
                  t.state().images, human_seconds(seconds), std::max(t.state().best_fitness, 0.0), t.state().best_step,
                  (fs::path(t.run_dir()) / "weights").string());

@@ -98,6 +98,7 @@ void Trainer::train() {
     state_.batch = 0;
   }
   each_hook([&](Hook& h) { h.before_train(*this); });
+  const int64_t first_step = state_.step;
   if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, state_.batch);
   while (!state_.stop && state_.step < total_steps_) {
     try {
@@ -115,7 +116,7 @@ void Trainer::train() {
     each_hook([&](Hook& h) { h.after_step(*this); });
     if (state_.batch >= nb) end_epoch();
   }
-  if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
+  if (!state_.stop && state_.batch > 0 && state_.step > first_step) end_epoch();  // train.steps ended inside an epoch
   each_hook([&](Hook& h) { h.after_train(*this); });
 }
 
