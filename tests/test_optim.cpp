@@ -209,6 +209,9 @@ TEST(Amp, GradNormAndClipping) {
   clip_grads_(small, grad_norm(small), 10.0);
   EXPECT_FLOAT_EQ(small[0][0].item<float>(), 0.1f);
   EXPECT_FALSE(std::isfinite(grad_norm({at::full({2}, INFINITY)}).item<float>()));
+  // Finite gradients whose summed squares overflow fp32 are still finite.
+  const at::Tensor big = at::full({1}, 1e19f);
+  EXPECT_NEAR(grad_norm({big, big, big, big}).item<double>(), 2e19, 1e13);
 }
 
 TEST(Ema, FollowsTheDecayRamp) {

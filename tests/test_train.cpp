@@ -331,7 +331,7 @@ TEST(Train, DemoConfigLearnsTheShapes) {
   const size_t ap50 = size_t(std::find(header.begin(), header.end(), "metrics/AP50") - header.begin());
   ASSERT_LT(ap50, header.size());
   std::printf("demo (short): AP50 %.3f after %g steps\n", rows.back()[ap50], rows.back()[1]);
-  EXPECT_GE(rows.back()[ap50], 0.05);  // from scratch: about 0.08 here, 0.000 untrained
+  EXPECT_GE(rows.back()[ap50], 0.03);  // from scratch: 0.06-0.08 on LibTorch 1.13 / 2.11, 0.000 untrained
   EXPECT_LT(rows.back()[2], rows.front()[2]);  // the box loss fell
   EXPECT_NE(r.output.find("Average Precision"), std::string::npos);  // the val table
 }

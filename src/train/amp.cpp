@@ -94,7 +94,9 @@ at::Tensor grad_norm(const std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
   if (grads.empty()) return at::zeros({});
   const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
-  return at::stack(norms).to(at::kFloat).norm(2);
+  // Summed in double: the squares of finite fp32 norms above ~1.8e19 overflow fp32, and a
+  // finite step must not be mistaken for an inf one (Hourglass-104 at 128 px starts near 1e18).
+  return at::stack(norms).to(at::kDouble).norm(2);
 }
 
 void clip_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm) {

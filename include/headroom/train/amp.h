@@ -62,7 +62,7 @@ class LossScaler {
   at::Tensor growth_tracker_;  // int32 [] clean steps since the last change
 };
 
-// The L2 norm of all gradients together, a float [] tensor (inf or NaN when any is non-finite).
+// The L2 norm of all gradients together, a double [] tensor (inf or NaN when any is non-finite).
 at::Tensor grad_norm(const std::vector<at::Tensor>& grads);
 // Scales the gradients so their norm is at most `max_norm` (given the norm from grad_norm).
 void clip_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm);
