@@ -1,15 +1,23 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
+#include "headroom/augment/augment.h"
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 #include "headroom/data/check.h"
+#include "headroom/data/loader.h"
 #include "headroom/data/synth.h"
+#include "headroom/models/detector.h"
+#include "headroom/train/plots.h"
 
 namespace headroom::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 void add_synth(CLI::App& data, int& exit_code) {
   auto* cmd = data.add_subcommand("synth", "Write a synthetic shapes data set (JPEG + YOLO labels + COCO JSON)");
@@ -81,13 +89,75 @@ void add_check(CLI::App& data, int& exit_code) {
   });
 }
 
+// What the model is fed: the first batches of an epoch through the configured augmentation.
+void add_preview(CLI::App& data, int& exit_code) {
+  auto* cmd = data.add_subcommand("preview", "Write a grid of augmented training images with their boxes");
+  static std::string config_path, out = "augment_preview.jpg";
+  static std::vector<std::string> overrides;
+  static int64_t epoch = 0, batches = 1;
+  static bool json = false;
+  cmd->add_option("--config,-c", config_path, "Training config (its data and augment sections)")->required();
+  cmd->add_option("overrides", overrides, "key=value config overrides");
+  cmd->add_option("--out,-o", out, "Image to write; with --batches N > 1, _1, _2... are inserted before the extension")->capture_default_str();
+  cmd->add_option("--epoch", epoch, "Epoch whose batches to draw (close_mosaic epochs are the last ones)")->capture_default_str();
+  cmd->add_option("--batches", batches, "Batches to draw, one grid each (16 images at most per grid)")->capture_default_str();
+  cmd->add_flag("--json", json, "Print JSON");
+  cmd->callback([&exit_code] {
+    const Config c = load_run_config(config_path, overrides);
+    if (c.data.dataset.empty()) throw InputError(config_path + ": data.dataset is not set; the preview draws its train split");
+    if (batches < 1) throw InputError("--batches must be at least 1");
+    const DeviceChoice device = resolve_device(c.device, query_cuda());
+    if (!device.warning.empty()) spdlog::warn("{}", device.warning);
+    const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    // The input multiple (for multi-scale sizes) is the model's; building it is only needed then.
+    const int64_t multiple = c.augment.multi_scale > 0 ? models::build_detector(c, int64_t(split->names.size()))->info().input_multiple : 32;
+    const augment::Augmenter aug(c.augment, c.seed, multiple, c.train.epochs);
+    data::Loader loader(split, data::loader_options(c, *split, /*training=*/true, device.device.is_cuda()));
+    loader.start(epoch, 0);
+    Json files = Json::array();
+    int64_t boxes_in = 0, boxes_out = 0, images = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      const std::optional<data::HostBatch> batch = loader.next();
+      if (!batch) break;
+      const data::HostBatch seen = augment::enabled(c.augment) ? augment::to_host_batch(aug(*batch, device.device), *batch) : *batch;
+      std::string path = out;
+      if (batches > 1) {
+        const fs::path p(out);
+        path = (p.parent_path() / (p.stem().string() + "_" + std::to_string(i + 1) + p.extension().string())).string();
+      }
+      train::plot_batch(seen, split->names, path);
+      boxes_in += batch->counts.sum().item<int64_t>();
+      boxes_out += seen.counts.sum().item<int64_t>();
+      images += batch->size();
+      files.push_back(Json(path));
+      if (!json)
+        std::printf("wrote %s: %lld images at %lld px, %lld boxes (%lld before augmentation)\n", path.c_str(),
+                    (long long)seen.size(), (long long)seen.images.size(2), (long long)seen.counts.sum().item<int64_t>(),
+                    (long long)batch->counts.sum().item<int64_t>());
+    }
+    if (json) {
+      Json j = Json::object();
+      j["files"] = files;
+      j["images"] = images;
+      j["boxes_before"] = boxes_in;
+      j["boxes_after"] = boxes_out;
+      j["augment"] = augment::enabled(c.augment);
+      j["device"] = device.device.str();
+      print_json(j);
+    }
+    if (!augment::enabled(c.augment)) spdlog::warn("{}: the augment section changes nothing; the grid shows the letterboxed images", config_path);
+    exit_code = kExitOk;
+  });
+}
+
 }  // namespace
 
 void add_data_command(CLI::App& app, int& exit_code) {
-  auto* data = app.add_subcommand("data", "Data sets: synth, check");
+  auto* data = app.add_subcommand("data", "Data sets: synth, check, preview");
   data->require_subcommand(1);
   add_synth(*data, exit_code);
   add_check(*data, exit_code);
+  add_preview(*data, exit_code);
 }
 
 }  // namespace headroom::cli

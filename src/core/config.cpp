@@ -144,6 +144,32 @@ void check_combinations(const Config& c, std::vector<std::string>& problems) {
   }
 }
 
+void check_augment(const Config& c, std::vector<std::string>& problems) {
+  const AugmentConfig& a = c.augment;
+  const auto both = [&](bool tf, double ul, const char* tf_key, const char* ul_key) {
+    if (tf && ul > 0)
+      problems.push_back(c.where(tf_key) + ": " + tf_key + " and " + ul_key + " (" + c.where(ul_key) +
+                         ") are the same flip in two vocabularies; keep one");
+  };
+  both(a.random_horizontal_flip.enabled, a.fliplr, "augment.random_horizontal_flip", "augment.fliplr");
+  both(a.random_vertical_flip.enabled, a.flipud, "augment.random_vertical_flip", "augment.flipud");
+  const auto ordered = [&](bool on, double lo, double hi, const std::string& key, const char* what) {
+    if (on && lo > hi)
+      problems.push_back(c.where(key) + ": " + key + ": " + what + " (" + std::to_string(lo) + ") is above its maximum (" +
+                         std::to_string(hi) + ")");
+  };
+  const TfCrop& crop = a.random_crop_image;
+  ordered(crop.enabled, crop.min_area, crop.max_area, "augment.random_crop_image", "min_area");
+  ordered(crop.enabled, crop.min_aspect_ratio, crop.max_aspect_ratio, "augment.random_crop_image", "min_aspect_ratio");
+  for (const auto& [op, key] : {std::pair{&a.random_adjust_contrast, "augment.random_adjust_contrast"},
+                                std::pair{&a.random_adjust_saturation, "augment.random_adjust_saturation"}})
+    ordered(op->enabled, op->min_delta, op->max_delta, key, "min_delta");
+  const TfPad& pad = a.random_absolute_pad_image;
+  if (pad.enabled && !pad.pad_color.empty() && pad.pad_color.size() != 3)
+    problems.push_back(c.where("augment.random_absolute_pad_image") +
+                       ": augment.random_absolute_pad_image: pad_color needs 3 values (R, G, B in 0..255), or none for the image mean");
+}
+
 void check_paths(const Config& c, std::vector<std::string>& problems) {
   if (!c.data.dataset.empty() && !std::filesystem::is_regular_file(c.data.dataset))
     problems.push_back(c.where("data.dataset") + ": data.dataset: '" + c.data.dataset +
@@ -166,6 +192,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& o : overrides) loader.apply_override(o);
   std::vector<std::string> problems = loader.problems();
   if (problems.empty()) check_combinations(c, problems);
+  if (problems.empty()) check_augment(c, problems);
   if (problems.empty()) check_paths(c, problems);
   if (!problems.empty()) {
     std::string msg = problems.size() == 1 ? "invalid configuration:"
@@ -179,7 +206,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 namespace {
 
 void emit_scalar(YAML::Emitter& out, const Json& v) {
-  if (v.is_array()) {
+  if (v.is_object()) {
+    out << YAML::Flow << YAML::BeginMap;
+    for (const auto& [key, e] : v.members()) {
+      out << YAML::Key << key << YAML::Value;
+      emit_scalar(out, e);
+    }
+    out << YAML::EndMap;
+  } else if (v.is_array()) {
     out << YAML::Flow << YAML::BeginSeq;
     for (const auto& e : v.items()) emit_scalar(out, e);
     out << YAML::EndSeq;

@@ -1,6 +1,7 @@
 #include "config_schema.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <optional>
 #include <regex>
 #include <type_traits>
@@ -206,6 +207,168 @@ ConfigKey list_key(std::string path, F field, double lo, double hi, std::string 
   return k;
 }
 
+// A TF OD API augmentation op (`random_crop_image: {min_area: 0.3}`): absent or false = off;
+// true, an empty value or a mapping of its fields = on. The fields are ordinary keys of their
+// own (path "augment.<op>.<field>") that this key parses from the mapping.
+template <class F>
+ConfigKey op_key(std::string path, F enabled, std::vector<ConfigKey> fields, std::string doc) {
+  std::vector<std::string> names;
+  for (const auto& f : fields) names.push_back(f.info.path.substr(path.size() + 1));
+  const std::string allowed = "false | true | {" + join(names, ", ") + "}";
+  ConfigKey k{{path, "op", allowed, "", doc}, nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (n.IsScalar()) {
+      const std::string s = to_lower(n.Scalar());
+      if (s == "true" || s == "on" || s == "yes") enabled(c) = true;
+      else if (s == "false" || s == "off" || s == "no") enabled(c) = false;
+      else return "expected true, false or a mapping of " + join(names, ", ") + ", got " + node_kind(n);
+      return "";
+    }
+    if (!n.IsNull() && !n.IsMap()) return "expected true, false or a mapping of " + join(names, ", ") + ", got " + node_kind(n);
+    if (n.IsMap())
+      for (const auto& kv : n) {
+        const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "";
+        const auto it = std::find(names.begin(), names.end(), name);
+        const std::string line = "line " + std::to_string(kv.first.Mark().line + 1);
+        if (it == names.end()) {
+          const std::string near = nearest_match(name, names);
+          return "unknown field '" + name + "' (" + line + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                 " Fields: " + join(names, ", ");
+        }
+        const std::string problem = fields[size_t(it - names.begin())].set(c, kv.second);
+        if (!problem.empty()) return name + " (" + line + "): " + problem;
+      }
+    enabled(c) = true;
+    return "";
+  };
+  k.get = [=](const Config& c) {
+    if (!enabled(const_cast<Config&>(c))) return Json(false);
+    Json o = Json::object();
+    for (size_t i = 0; i < fields.size(); ++i) o[names[i]] = fields[i].get(c);
+    return o;
+  };
+  return k;
+}
+
+std::vector<ConfigKey> augment_keys() {
+  using D = std::function<double&(Config&)>;
+  const auto num = [](const char* path, D field, double lo, double hi, const char* doc) {
+    return double_key(path, field, lo, hi, doc);
+  };
+  const auto flip = [&](const char* path, TfFlip& (*op)(Config&), const char* doc) {
+    return op_key(path, [op](Config& c) -> bool& { return op(c).enabled; },
+                  {num((std::string(path) + ".probability").c_str(), [op](Config& c) -> double& { return op(c).probability; }, 0, 1,
+                       "probability per image")},
+                  doc);
+  };
+  const auto delta = [&](const char* path, TfDelta& (*op)(Config&), double hi, const char* doc) {
+    const std::string p = path;
+    return op_key(path, [op](Config& c) -> bool& { return op(c).enabled; },
+                  {num((p + ".max_delta").c_str(), [op](Config& c) -> double& { return op(c).max_delta; }, 0, hi, "range +-"),
+                   num((p + ".probability").c_str(), [op](Config& c) -> double& { return op(c).probability; }, 0, 1, "per image")},
+                  doc);
+  };
+  const auto factor = [&](const char* path, TfFactor& (*op)(Config&), const char* doc) {
+    const std::string p = path;
+    return op_key(path, [op](Config& c) -> bool& { return op(c).enabled; },
+                  {num((p + ".min_delta").c_str(), [op](Config& c) -> double& { return op(c).min_delta; }, 0, 100, "lowest factor"),
+                   num((p + ".max_delta").c_str(), [op](Config& c) -> double& { return op(c).max_delta; }, 0, 100, "highest factor"),
+                   num((p + ".probability").c_str(), [op](Config& c) -> double& { return op(c).probability; }, 0, 1, "per image")},
+                  doc);
+  };
+  const auto crop_num = [&](const char* field, double TfCrop::*m, double lo, double hi) {
+    return num((std::string("augment.random_crop_image.") + field).c_str(),
+               [m](Config& c) -> double& { return c.augment.random_crop_image.*m; }, lo, hi, "");
+  };
+  const auto pad_num = [&](const char* field, double TfPad::*m, double lo, double hi) {
+    return num((std::string("augment.random_absolute_pad_image.") + field).c_str(),
+               [m](Config& c) -> double& { return c.augment.random_absolute_pad_image.*m; }, lo, hi, "");
+  };
+  // multi_scale: Ultralytics writes a boolean (true = +-50%).
+  ConfigKey multi_scale = num("augment.multi_scale", [](Config& c) -> double& { return c.augment.multi_scale; }, 0, 0.9,
+                              "Multi-scale training: each batch gets a random square size within imgsz * (1 +- this), a "
+                              "multiple of the model's input stride (Ultralytics' multi_scale; true = 0.5).");
+  const auto number_set = multi_scale.set;
+  multi_scale.info.allowed = "0 .. 0.9 | true | false";
+  multi_scale.set = [number_set](Config& c, const YAML::Node& n) -> std::string {
+    const std::string s = n.IsScalar() ? to_lower(n.Scalar()) : "";
+    if (s != "true" && s != "false") return number_set(c, n);
+    c.augment.multi_scale = s == "true" ? 0.5 : 0;
+    return "";
+  };
+  std::vector<ConfigKey> keys = {
+      num("augment.hsv_h", [](Config& c) -> double& { return c.augment.hsv_h; }, 0, 1,
+          "Hue shift, uniform in +- this many turns of the colour wheel (Ultralytics 0.015)."),
+      num("augment.hsv_s", [](Config& c) -> double& { return c.augment.hsv_s; }, 0, 1,
+          "Saturation gain, uniform in 1 +- this (Ultralytics 0.7)."),
+      num("augment.hsv_v", [](Config& c) -> double& { return c.augment.hsv_v; }, 0, 1,
+          "Value (brightness) gain, uniform in 1 +- this (Ultralytics 0.4)."),
+      num("augment.hsv_p", [](Config& c) -> double& { return c.augment.hsv_p; }, 0, 1, "Probability per image of the HSV gains."),
+      num("augment.degrees", [](Config& c) -> double& { return c.augment.degrees; }, 0, 180, "Rotation, uniform in +- degrees."),
+      num("augment.translate", [](Config& c) -> double& { return c.augment.translate; }, 0, 0.9,
+          "Translation, uniform in +- this share of the image side (Ultralytics 0.1)."),
+      num("augment.scale", [](Config& c) -> double& { return c.augment.scale; }, 0, 0.99,
+          "Zoom, uniform in 1 +- this (Ultralytics 0.5)."),
+      num("augment.shear", [](Config& c) -> double& { return c.augment.shear; }, 0, 45, "Shear, uniform in +- degrees."),
+      num("augment.perspective", [](Config& c) -> double& { return c.augment.perspective; }, 0, 0.001,
+          "Perspective, uniform in +- this (Ultralytics' range 0 .. 0.001)."),
+      num("augment.affine_p", [](Config& c) -> double& { return c.augment.affine_p; }, 0, 1,
+          "Probability per image of the random affine (degrees, translate, scale, shear, perspective)."),
+      num("augment.flipud", [](Config& c) -> double& { return c.augment.flipud; }, 0, 1, "Probability of a vertical flip."),
+      num("augment.fliplr", [](Config& c) -> double& { return c.augment.fliplr; }, 0, 1,
+          "Probability of a horizontal flip (Ultralytics 0.5)."),
+      num("augment.mosaic", [](Config& c) -> double& { return c.augment.mosaic; }, 0, 1,
+          "Probability that an image becomes a 4-image mosaic of it and three others of its batch (Ultralytics 1.0)."),
+      num("augment.mixup", [](Config& c) -> double& { return c.augment.mixup; }, 0, 1,
+          "Probability of blending an image with another of its batch (ratio ~ Beta(32, 32)), boxes of both kept."),
+      int_key<int>("augment.close_mosaic", [](Config& c) -> int& { return c.augment.close_mosaic; }, 0, 1 << 20,
+                   "Epochs at the end trained without mosaic and mixup (Ultralytics 10)."),
+      multi_scale,
+      num("augment.fill", [](Config& c) -> double& { return c.augment.fill; }, 0, 255,
+          "Grey level (0..255) of the area a transform brings in from outside the image."),
+      num("augment.box_min_size", [](Config& c) -> double& { return c.augment.box_min_size; }, 0, 1000,
+          "Boxes narrower or lower than this many pixels after the transform are dropped."),
+      num("augment.box_min_visible", [](Config& c) -> double& { return c.augment.box_min_visible; }, 0, 1,
+          "Boxes keeping less than this share of their transformed area inside the image are dropped "
+          "(random_crop_image uses its overlap_thresh)."),
+      num("augment.box_max_aspect", [](Config& c) -> double& { return c.augment.box_max_aspect; }, 1, 1e6,
+          "Boxes longer than this many times their width (or the reverse) are dropped."),
+      flip("augment.random_horizontal_flip", [](Config& c) -> TfFlip& { return c.augment.random_horizontal_flip; },
+           "TF OD API: horizontal flip with `probability` (0.5)."),
+      flip("augment.random_vertical_flip", [](Config& c) -> TfFlip& { return c.augment.random_vertical_flip; },
+           "TF OD API: vertical flip with `probability` (0.5)."),
+      op_key("augment.random_crop_image", [](Config& c) -> bool& { return c.augment.random_crop_image.enabled; },
+             {crop_num("min_object_covered", &TfCrop::min_object_covered, 0, 1),
+              crop_num("min_aspect_ratio", &TfCrop::min_aspect_ratio, 0.01, 100),
+              crop_num("max_aspect_ratio", &TfCrop::max_aspect_ratio, 0.01, 100),
+              crop_num("min_area", &TfCrop::min_area, 0.001, 1), crop_num("max_area", &TfCrop::max_area, 0.001, 1),
+              crop_num("overlap_thresh", &TfCrop::overlap_thresh, 0, 1),
+              bool_key("augment.random_crop_image.clip_boxes", [](Config& c) -> bool& { return c.augment.random_crop_image.clip_boxes; }, ""),
+              crop_num("random_coef", &TfCrop::random_coef, 0, 1)},
+             "TF OD API: crop a random window (aspect and area ranges, up to 100 tries for one that holds "
+             "min_object_covered of some box; else the whole image), resized to the canvas; boxes keeping less "
+             "than overlap_thresh of their area are dropped; random_coef = probability of no crop. Defaults: "
+             "min_object_covered 1, aspect 0.75 .. 1.33, area 0.1 .. 1, overlap_thresh 0.3, clip_boxes true, random_coef 0."),
+      op_key("augment.random_absolute_pad_image", [](Config& c) -> bool& { return c.augment.random_absolute_pad_image.enabled; },
+             {pad_num("max_height_padding", &TfPad::max_height_padding, 0, 1e5),
+              pad_num("max_width_padding", &TfPad::max_width_padding, 0, 1e5),
+              list_key<double>("augment.random_absolute_pad_image.pad_color",
+                               [](Config& c) -> std::vector<double>& { return c.augment.random_absolute_pad_image.pad_color; }, 0, 255, ""),
+              pad_num("probability", &TfPad::probability, 0, 1)},
+             "TF OD API: pad by up to max_height_padding / max_width_padding canvas pixels at a random offset with "
+             "pad_color (RGB 0..255; empty = the image's mean colour), then fit to the canvas."),
+      delta("augment.random_adjust_hue", [](Config& c) -> TfDelta& { return c.augment.random_adjust_hue; }, 0.5,
+            "TF OD API: hue shift uniform in +- max_delta turns (0.02)."),
+      factor("augment.random_adjust_contrast", [](Config& c) -> TfFactor& { return c.augment.random_adjust_contrast; },
+             "TF OD API: contrast factor uniform in min_delta .. max_delta (0.8 .. 1.25) about each channel's mean."),
+      factor("augment.random_adjust_saturation", [](Config& c) -> TfFactor& { return c.augment.random_adjust_saturation; },
+             "TF OD API: saturation factor uniform in min_delta .. max_delta (0.8 .. 1.25)."),
+      delta("augment.random_adjust_brightness", [](Config& c) -> TfDelta& { return c.augment.random_adjust_brightness; }, 1,
+            "TF OD API: brightness shift uniform in +- max_delta on the 0..1 scale (0.2)."),
+  };
+  return keys;
+}
+
 std::string check_device(const std::string& s) {
   static const std::regex re("auto|cpu|cuda|cuda:[0-9]+");
   if (std::regex_match(s, re)) return "";
@@ -396,6 +559,9 @@ std::vector<ConfigKey> build_schema() {
                    return "'" + s + "' is not a log level; use trace, debug, info, warn or error";
                  }),
   };
+  std::vector<ConfigKey> augment = augment_keys();
+  const auto memory_at = std::find_if(keys.begin(), keys.end(), [](const ConfigKey& k) { return k.info.path.rfind("memory.", 0) == 0; });
+  keys.insert(memory_at, augment.begin(), augment.end());
   const Config defaults;
   for (auto& k : keys) {
     const Json v = k.get(defaults);

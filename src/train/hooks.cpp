@@ -249,9 +249,9 @@ class PlotHook : public Hook {
     plot_labels(t.train_split(), path(t, "labels.jpg"));
   }
   void after_step(Trainer& t) override {
-    if (!enabled(t) || drew_batch_ || !t.last_batch()) return;
+    if (!enabled(t) || drew_batch_ || !t.first_batch()) return;
     drew_batch_ = true;
-    plot_batch(*t.last_batch(), t.train_split().names, path(t, "train_batch0.jpg"));
+    plot_batch(*t.first_batch(), t.train_split().names, path(t, "train_batch0.jpg"));
   }
   void after_epoch(Trainer& t) override { results(t); }
   void after_train(Trainer& t) override { results(t); }

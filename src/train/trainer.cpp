@@ -85,6 +85,8 @@ Trainer::Trainer(TrainerParts parts)
   if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), t.ema_decay, t.ema_tau);
   skipped_ = scalar_on(device_);
   bad_run_ = scalar_on(device_);
+  if (augment::enabled(config_.augment))
+    augmenter_ = std::make_unique<augment::Augmenter>(config_.augment, config_.seed, model_->info().input_multiple, epochs_);
   model_->train();
 }
 
@@ -139,7 +141,6 @@ void Trainer::run_step() {
     forward_backward(*batch);
     ++state_.batch;
     state_.images += batch->size();
-    last_batch_ = std::move(batch);
   }
   optimizer_step();
   ++state_.step;
@@ -147,12 +148,20 @@ void Trainer::run_step() {
 }
 
 void Trainer::forward_backward(const data::HostBatch& batch) {
-  // Host -> device without blocking (the loader pins batches for CUDA runs).
-  at::Tensor x = eval::model_input(batch.images, device_);  // [B, 3, S, S] float in [0, 1]
-  const losses::Targets targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true),
-                                                       batch.crowd.to(device_, true));
-  // On-device augmentation plugs in here: it transforms x and the targets with per-image
-  // parameters drawn on the device, before the model sees them.
+  // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
+  // augmentation with per-image parameters drawn there.
+  at::Tensor x;  // [B, 3, S, S] float in [0, 1]
+  losses::Targets targets;
+  if (augmenter_) {
+    const augment::Batch a = (*augmenter_)(batch, device_);
+    x = a.images;
+    targets = losses::make_targets(a.boxes, a.classes, a.crowd);
+    if (!first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
+  } else {
+    x = eval::model_input(batch.images, device_);
+    targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
+    if (!first_batch_) first_batch_ = batch;
+  }
   losses::LossTerms terms;
   {
     AutocastGuard autocast(device_.type(), amp_dtype(amp_));

@@ -48,6 +48,65 @@ struct ModelConfig {
   std::string init_from;                     // weights or checkpoint to start from (matching names and shapes)
 };
 
+// augment: on-device augmentation (src/augment). Two vocabularies side by side: Ultralytics'
+// flat keys and the TF OD API's data_augmentation_options. Everything defaults to off: a config
+// names the augmentations it trains with (configs/*.yaml carry their family's recipe).
+struct TfFlip {
+  bool enabled = false;
+  double probability = 0.5;
+};
+struct TfCrop {                     // random_crop_image (TF defaults)
+  bool enabled = false;
+  double min_object_covered = 1.0;  // the crop holds at least this share of some box
+  double min_aspect_ratio = 0.75;
+  double max_aspect_ratio = 1.33;
+  double min_area = 0.1;            // of the image
+  double max_area = 1.0;
+  double overlap_thresh = 0.3;      // boxes keeping less of their area are dropped
+  bool clip_boxes = true;
+  double random_coef = 0.0;         // probability of keeping the whole image
+};
+struct TfPad {                      // random_absolute_pad_image
+  bool enabled = false;
+  double max_height_padding = 0;    // pixels of the training canvas
+  double max_width_padding = 0;
+  std::vector<double> pad_color;    // RGB 0..255; empty = the image's mean colour (TF)
+  double probability = 1.0;
+};
+struct TfDelta {                    // random_adjust_hue / _brightness: uniform in +-max_delta
+  bool enabled = false;
+  double max_delta = 0;
+  double probability = 1.0;
+};
+struct TfFactor {                   // random_adjust_contrast / _saturation: uniform factor
+  bool enabled = false;
+  double min_delta = 0.8;
+  double max_delta = 1.25;
+  double probability = 1.0;
+};
+struct AugmentConfig {
+  // Ultralytics names and meanings (0 = off)
+  double hsv_h = 0, hsv_s = 0, hsv_v = 0;  // hue shift (turns), saturation and value gains
+  double hsv_p = 1.0;
+  double degrees = 0, translate = 0, scale = 0, shear = 0, perspective = 0;
+  double affine_p = 1.0;
+  double flipud = 0, fliplr = 0;    // probabilities
+  double mosaic = 0, mixup = 0;     // probabilities
+  int close_mosaic = 0;             // last N epochs without mosaic and mixup
+  double multi_scale = 0;           // batch sizes within imgsz * (1 +- multi_scale)
+  double fill = 114;                // grey outside the image
+  // box bookkeeping after the geometric transform (Ultralytics' box_candidates)
+  double box_min_size = 2;          // pixels, width and height
+  double box_min_visible = 0.1;     // share of the transformed box left inside the image
+  double box_max_aspect = 100;
+  // TF OD API names
+  TfFlip random_horizontal_flip, random_vertical_flip;
+  TfCrop random_crop_image;
+  TfPad random_absolute_pad_image;
+  TfDelta random_adjust_hue{false, 0.02}, random_adjust_brightness{false, 0.2};
+  TfFactor random_adjust_contrast, random_adjust_saturation;
+};
+
 struct MemoryConfig {
   CheckpointMode activation_checkpointing = CheckpointMode::off;
 };
@@ -125,6 +184,7 @@ struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
+  AugmentConfig augment;
   MemoryConfig memory;
   LossConfig loss;
   EvalConfig eval;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "headroom/augment/augment.h"
 #include "headroom/core/config.h"
 #include "headroom/data/dataset.h"
 #include "headroom/data/loader.h"
@@ -115,7 +116,9 @@ class Trainer {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
   int64_t epochs() const { return epochs_; }
-  const data::HostBatch* last_batch() const { return last_batch_ ? &*last_batch_ : nullptr; }
+  // The first batch this process trained on, as the model saw it (augmented), for plots.
+  const data::HostBatch* first_batch() const { return first_batch_ ? &*first_batch_ : nullptr; }
+  const augment::Augmenter* augmenter() const { return augmenter_.get(); }
   double data_wait_seconds() const { return data_wait_; }
   double step_seconds() const { return step_seconds_; }
   std::chrono::steady_clock::time_point start_time() const { return start_; }
@@ -155,7 +158,8 @@ class Trainer {
   StepCounters counters_;
   int64_t counters_step_ = -1;
 
-  std::optional<data::HostBatch> last_batch_;
+  std::optional<data::HostBatch> first_batch_;
+  std::unique_ptr<augment::Augmenter> augmenter_;  // null when config.augment changes nothing
   double data_wait_ = 0, step_seconds_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::optional<eval::CocoStats> last_metrics_;

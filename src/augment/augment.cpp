@@ -1,0 +1,486 @@
+#include "headroom/augment/augment.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "headroom/core/random.h"
+
+namespace headroom::augment {
+namespace {
+
+constexpr int64_t kMask32 = 0xffffffffLL;
+constexpr int64_t kCropAttempts = 100;  // TF's sample_distorted_bounding_box default
+constexpr int64_t kSlots = 64 + 4 * kCropAttempts;
+constexpr double kPi = 3.14159265358979323846;
+
+// 32-bit integer hash on int64 tensors holding values < 2^32 (products stay below 2^59, so the
+// arithmetic is exact on every device).
+at::Tensor hash32(at::Tensor x) {
+  for (int i = 0; i < 2; ++i) x = at::bitwise_and(at::bitwise_xor(at::bitwise_right_shift(x, 16), x) * 0x45d9f3b, kMask32);
+  return at::bitwise_xor(at::bitwise_right_shift(x, 16), x);
+}
+
+// Uniform numbers in (0, 1), [B, kSlots]: a function of (key, sample id, slot) only. Every
+// parameter has its own slot, drawn whether or not its operation is on, so turning one
+// operation on does not change the others' numbers.
+class Draws {
+ public:
+  Draws(const at::Tensor& sample_ids, uint64_t key) {
+    const at::Tensor c = sample_ids.to(at::kLong).unsqueeze(1) * kSlots + at::arange(kSlots, sample_ids.options().dtype(at::kLong));
+    const int64_t k0 = static_cast<int64_t>(key & kMask32), k1 = static_cast<int64_t>((key >> 32) & kMask32);
+    at::Tensor x = hash32(at::bitwise_xor(at::bitwise_and(c, kMask32), k0));
+    x = hash32(at::bitwise_xor(at::bitwise_xor(x, at::bitwise_and(at::bitwise_right_shift(c, 32), kMask32)), k1));
+    u_ = (at::bitwise_right_shift(x, 8).to(at::kFloat) + 0.5f) * (1.0f / 16777216.0f);  // 24 bits: exact in float
+  }
+  at::Tensor next() { return take(1).squeeze(1); }  // [B]
+  at::Tensor take(int64_t n) {                       // [B, n]
+    TORCH_CHECK(used_ + n <= kSlots, "augmentation draws more numbers than it has slots");
+    at::Tensor r = u_.narrow(1, used_, n);
+    used_ += n;
+    return r;
+  }
+  at::Tensor uniform(double lo, double hi) { return next() * (hi - lo) + lo; }
+  at::Tensor chance(double p) { return next() < p; }
+
+ private:
+  at::Tensor u_;
+  int64_t used_ = 0;
+};
+
+// A projective map and its inverse, [B, 3, 3] each; built from closed-form inverses so that no
+// matrix inversion (and no device sync for singularity checks) is needed.
+struct Map {
+  at::Tensor m, inv;
+  Map then(const Map& next) const { return {at::bmm(next.m, m), at::bmm(inv, next.inv)}; }
+};
+
+at::Tensor mat3(const std::vector<at::Tensor>& e) {  // nine [B] tensors, row-major
+  return at::stack(e, 1).view({-1, 3, 3});
+}
+
+Map translate(const at::Tensor& tx, const at::Tensor& ty) {
+  const at::Tensor z = at::zeros_like(tx), o = at::ones_like(tx);
+  return {mat3({o, z, tx, z, o, ty, z, z, o}), mat3({o, z, -tx, z, o, -ty, z, z, o})};
+}
+
+Map scale(const at::Tensor& k) {
+  const at::Tensor z = at::zeros_like(k), o = at::ones_like(k);
+  return {mat3({k, z, z, z, k, z, z, z, o}), mat3({1 / k, z, z, z, 1 / k, z, z, z, o})};
+}
+
+// cv2.getRotationMatrix2D(centre (0, 0), degrees, scale), as Ultralytics builds it.
+Map rotate_scale(const at::Tensor& degrees, const at::Tensor& s) {
+  const at::Tensor a = degrees * (kPi / 180), c = at::cos(a), n = at::sin(a), z = at::zeros_like(a), o = at::ones_like(a);
+  return {mat3({s * c, s * n, z, -s * n, s * c, z, z, z, o}), mat3({c / s, -n / s, z, n / s, c / s, z, z, z, o})};
+}
+
+Map shear(const at::Tensor& x_degrees, const at::Tensor& y_degrees) {
+  const at::Tensor a = at::tan(x_degrees * (kPi / 180)), b = at::tan(y_degrees * (kPi / 180));
+  const at::Tensor z = at::zeros_like(a), o = at::ones_like(a), d = 1 / (1 - a * b);
+  return {mat3({o, a, z, b, o, z, z, z, o}), mat3({d, -a * d, z, -b * d, d, z, z, z, o})};
+}
+
+Map perspective(const at::Tensor& px, const at::Tensor& py) {
+  const at::Tensor z = at::zeros_like(px), o = at::ones_like(px);
+  return {mat3({o, z, z, z, o, z, px, py, o}), mat3({o, z, z, z, o, z, -px, -py, o})};
+}
+
+// x -> size - x where `on` (and likewise y for vertical); its own inverse.
+Map flip(const at::Tensor& on_x, const at::Tensor& on_y, double size) {
+  const at::Tensor fx = 1 - 2 * on_x.to(at::kFloat), fy = 1 - 2 * on_y.to(at::kFloat);
+  const at::Tensor z = at::zeros_like(fx), o = at::ones_like(fx);
+  const at::Tensor m = mat3({fx, z, (1 - fx) * (size / 2), z, fy, (1 - fy) * (size / 2), z, z, o});
+  return {m, m};
+}
+
+at::Tensor col(const at::Tensor& t, int64_t i) { return t.select(-1, i); }
+
+// Per image, the first crop of kCropAttempts that fits the content and holds at least
+// min_object_covered of some box (any crop when there are none); TF's
+// sample_distorted_bounding_box. Returns [B, 4] xyxy and whether one was found.
+std::pair<at::Tensor, at::Tensor> sample_crops(const TfCrop& o, Draws& d, const at::Tensor& content, const at::Tensor& boxes,
+                                               const at::Tensor& valid) {
+  const at::Tensor u = d.take(4 * kCropAttempts).view({-1, kCropAttempts, 4});  // [B, A, 4]
+  const at::Tensor cw = (col(content, 2) - col(content, 0)).unsqueeze(1), ch = (col(content, 3) - col(content, 1)).unsqueeze(1);
+  const at::Tensor area = (col(u, 0) * (o.max_area - o.min_area) + o.min_area) * cw * ch;
+  const at::Tensor aspect = col(u, 1) * (o.max_aspect_ratio - o.min_aspect_ratio) + o.min_aspect_ratio;  // w / h
+  const at::Tensor h = at::sqrt(area / aspect), w = h * aspect;
+  const at::Tensor fits = (w <= cw) & (h <= ch);
+  const at::Tensor x0 = col(content, 0).unsqueeze(1) + col(u, 2) * (cw - w).clamp_min(0);
+  const at::Tensor y0 = col(content, 1).unsqueeze(1) + col(u, 3) * (ch - h).clamp_min(0);
+  const at::Tensor crops = at::stack({x0, y0, x0 + w, y0 + h}, -1);  // [B, A, 4]
+  at::Tensor ok = fits;
+  if (boxes.size(1) > 0) {
+    const at::Tensor c = crops.unsqueeze(2), b = boxes.unsqueeze(1);  // [B, A, 1, 4], [B, 1, N, 4]
+    const at::Tensor iw = (at::minimum(col(c, 2), col(b, 2)) - at::maximum(col(c, 0), col(b, 0))).clamp_min(0);
+    const at::Tensor ih = (at::minimum(col(c, 3), col(b, 3)) - at::maximum(col(c, 1), col(b, 1))).clamp_min(0);
+    const at::Tensor barea = ((col(b, 2) - col(b, 0)) * (col(b, 3) - col(b, 1))).clamp_min(1e-6);
+    const at::Tensor covered = (iw * ih / barea >= o.min_object_covered - 1e-6) & valid.unsqueeze(1);
+    ok = ok & (covered.any(2) | valid.any(1, true).logical_not());
+  }
+  const at::Tensor first = ok.to(at::kByte).argmax(1);  // the first attempt that works
+  const at::Tensor crop = crops.gather(1, first.view({-1, 1, 1}).expand({-1, 1, 4})).squeeze(1);
+  return {crop, ok.any(1)};
+}
+
+at::Tensor where4(const at::Tensor& cond, const at::Tensor& a, const at::Tensor& b) { return at::where(cond.unsqueeze(1), a, b); }
+
+// The bounding box of the part of each convex quadrilateral [.., 4, 2] inside [0, size]^2:
+// of its corners inside the square, the square's corners inside it, and the crossings of its
+// edges with the square's sides. Clipping the corner box instead would keep the full width of
+// a rotated box whose widest corner lies outside the image.
+at::Tensor visible_bbox(const at::Tensor& q, double size) {
+  const at::Tensor a = q, b = q.roll(-1, -2);  // edges a -> b
+  const auto in_range = [&](const at::Tensor& v) { return (v >= -1e-3) & (v <= size + 1e-3); };
+  std::vector<at::Tensor> pts{q}, ok{in_range(q.select(-1, 0)) & in_range(q.select(-1, 1))};
+  // square corners inside the quadrilateral: on the same side of all four edges
+  const at::Tensor sq = at::tensor({0.0, 0.0, size, 0.0, size, size, 0.0, size}, q.options()).view({4, 2});
+  const at::Tensor e = (b - a).unsqueeze(-2), r = sq - a.unsqueeze(-2);  // [.., 4 edges, 4 corners, 2]
+  const at::Tensor cross = e.select(-1, 0) * r.select(-1, 1) - e.select(-1, 1) * r.select(-1, 0);
+  pts.push_back(sq.expand(q.sizes()));
+  ok.push_back((cross >= 0).all(-2) | (cross <= 0).all(-2));
+  // edges crossing the lines x = 0, x = size, y = 0, y = size
+  for (int64_t axis = 0; axis < 2; ++axis)
+    for (const double c : {0.0, size}) {
+      const at::Tensor da = a.select(-1, axis), db = b.select(-1, axis);
+      const at::Tensor denom = db - da;
+      const at::Tensor t = (c - da) / at::where(denom.abs() > 1e-9, denom, at::ones_like(denom));
+      const at::Tensor point = a + (b - a) * t.unsqueeze(-1);
+      pts.push_back(point);
+      ok.push_back((denom.abs() > 1e-9) & (t >= 0) & (t <= 1) & in_range(point.select(-1, 1 - axis)));
+    }
+  const at::Tensor all = at::cat(pts, -2).clamp(0, size), valid = at::cat(ok, -1).unsqueeze(-1);
+  const at::Tensor big = at::full({1}, 1e9, q.options());
+  const at::Tensor lo = std::get<0>(at::where(valid, all, big).min(-2)), hi = std::get<0>(at::where(valid, all, -big).max(-2));
+  return at::where(valid.any(-2), at::cat({lo, hi}, -1), at::zeros({1}, q.options()));
+}
+
+}  // namespace
+
+bool enabled(const AugmentOptions& o) {
+  return o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0 || o.degrees > 0 || o.translate > 0 || o.scale > 0 || o.shear > 0 ||
+         o.perspective > 0 || o.flipud > 0 || o.fliplr > 0 || o.mosaic > 0 || o.mixup > 0 || o.multi_scale > 0 ||
+         o.random_horizontal_flip.enabled || o.random_vertical_flip.enabled || o.random_crop_image.enabled ||
+         o.random_absolute_pad_image.enabled || o.random_adjust_hue.enabled || o.random_adjust_brightness.enabled ||
+         o.random_adjust_contrast.enabled || o.random_adjust_saturation.enabled;
+}
+
+uint64_t epoch_key(int64_t seed, int64_t epoch) {
+  return mix_seed(mix_seed(static_cast<uint64_t>(seed) ^ 0x6175676d656e74ULL) + static_cast<uint64_t>(epoch));
+}
+
+Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
+  const int64_t B = in.images.size(0), S = in.images.size(2);
+  const auto fopt = in.images.options().dtype(at::kFloat);
+  const at::Tensor zero = at::zeros({B}, fopt), one = at::ones({B}, fopt);
+  const at::Tensor off = at::zeros({B}, fopt.dtype(at::kBool));
+  const at::Tensor self = at::arange(B, fopt.dtype(at::kLong));
+  Draws d(in.sample_ids, in.key);
+  Params p;
+  p.in_size = S;
+  p.out_size = in.out_size;
+  const at::Tensor valid = in.classes >= 0;  // [B, N]
+
+  // Mosaic: the image and three others of the batch in a 2x2 tile canvas, the canvas centre
+  // at (xc, yc) uniform in [S/2, 3S/2] (Ultralytics' mosaic border).
+  const bool mosaic_on = in.mosaic && o.mosaic > 0 && B > 0;
+  p.tiles = mosaic_on ? 4 : 1;
+  const at::Tensor mosaic_draw = d.chance(o.mosaic);
+  p.mosaic = mosaic_on ? mosaic_draw : off;
+  const at::Tensor others = at::remainder(self.unsqueeze(1) + 1 + (d.take(3) * std::max<int64_t>(B - 1, 1)).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0)), std::max<int64_t>(B, 1));
+  p.sources = mosaic_on ? at::cat({self.unsqueeze(1), others}, 1) : self.unsqueeze(1);
+  const at::Tensor xc = d.uniform(0.5 * S, 1.5 * S), yc = d.uniform(0.5 * S, 1.5 * S);
+
+  // TF random_crop_image, then random_absolute_pad_image, inside the image's letterbox content.
+  const TfCrop& crop = o.random_crop_image;
+  const TfPad& pad = o.random_absolute_pad_image;
+  at::Tensor cropped = off;
+  at::Tensor window = in.content;
+  {
+    const at::Tensor keep_whole = d.chance(crop.random_coef);
+    auto [crops, found] = sample_crops(crop, d, in.content, in.boxes, valid);
+    if (crop.enabled) {
+      cropped = found & keep_whole.logical_not() & p.mosaic.logical_not();
+      window = where4(cropped, crops, in.content);
+    }
+  }
+  at::Tensor view = window;
+  {
+    const at::Tensor on = d.chance(pad.probability) & (pad.enabled ? p.mosaic.logical_not() : off);
+    const at::Tensor ph = at::floor(d.next() * (pad.max_height_padding + 1)), pw = at::floor(d.next() * (pad.max_width_padding + 1));
+    const at::Tensor oy = at::floor(d.next() * (ph + 1)), ox = at::floor(d.next() * (pw + 1));
+    const at::Tensor padded = at::stack({col(window, 0) - ox, col(window, 1) - oy, col(window, 2) - ox + pw, col(window, 3) - oy + ph}, 1);
+    view = where4(on, padded, window);
+  }
+  const bool tf_geometry = crop.enabled || pad.enabled;
+  const at::Tensor canvas = at::tensor({0.0f, 0.0f, float(S), float(S)}, fopt).expand({B, 4});
+  if (!tf_geometry) window = view = canvas;  // the loader's letterbox is the picture
+  if (pad.enabled && pad.pad_color.empty()) {  // TF pads with the image's mean colour
+    const at::Tensor xs = at::arange(S, fopt) + 0.5f;
+    const at::Tensor inside_x = (xs >= col(in.content, 0).unsqueeze(1)) & (xs < col(in.content, 2).unsqueeze(1));  // [B, S]
+    const at::Tensor inside_y = (xs >= col(in.content, 1).unsqueeze(1)) & (xs < col(in.content, 3).unsqueeze(1));
+    const at::Tensor m = (inside_y.unsqueeze(2) & inside_x.unsqueeze(1)).to(at::kFloat).unsqueeze(1);  // [B, 1, S, S]
+    p.pad_colour = (in.images.to(at::kFloat) * m).sum({2, 3}) / m.sum({2, 3}).clamp_min(1);
+  } else if (pad.enabled) {
+    p.pad_colour = at::tensor(std::vector<float>(pad.pad_color.begin(), pad.pad_color.end()), fopt).expand({B, 3});
+  } else {
+    p.pad_colour = at::full({B, 3}, o.fill, fopt);
+  }
+
+  // Into an S x S frame centred on the picture: the mosaic canvas centre, or the view fitted
+  // (keeping its aspect) to the canvas.
+  const at::Tensor vw = col(view, 2) - col(view, 0), vh = col(view, 3) - col(view, 1);
+  const at::Tensor k = S / at::maximum(vw, vh).clamp_min(1);
+  const Map fit = translate(-col(view, 0), -col(view, 1)).then(scale(k)).then(translate((S - k * vw) / 2, (S - k * vh) / 2));
+  const Map place = translate(xc - 1.5 * S, yc - 1.5 * S);  // tile canvas -> mosaic canvas -> S-frame
+  Map frame{at::where(p.mosaic.view({-1, 1, 1}), place.m, fit.m), at::where(p.mosaic.view({-1, 1, 1}), place.inv, fit.inv)};
+  if (mosaic_on) {  // the mosaic canvas is [0, 2S) around (xc, yc); beyond it lies grey
+    const at::Tensor mw = at::stack({1.5 * S - xc, 1.5 * S - yc, 3.5 * S - xc, 3.5 * S - yc}, 1) - 0.5 * S;
+    const at::Tensor tiles = at::tensor({0.0f, 0.0f, 2.0f * S, 2.0f * S}, fopt);
+    const at::Tensor mwin = at::cat({at::maximum(mw.narrow(1, 0, 2), tiles.narrow(0, 0, 2)), at::minimum(mw.narrow(1, 2, 2), tiles.narrow(0, 2, 2))}, 1);
+    window = where4(p.mosaic, mwin, window);
+    view = where4(p.mosaic, mwin, view);
+    p.pad_colour = at::where(p.mosaic.unsqueeze(1), at::full({B, 3}, o.fill, fopt), p.pad_colour);
+  }
+  p.window = window;
+  p.view = view;
+  p.clip_to_window = crop.clip_boxes ? at::ones({B}, fopt.dtype(at::kBool)) : cropped.logical_not();
+  p.min_visible = at::where(cropped, at::full({B}, crop.overlap_thresh, fopt), at::full({B}, o.box_min_visible, fopt));
+
+  // Ultralytics' random_perspective about the frame centre: M = T @ Shear @ R @ P @ C.
+  const at::Tensor aff = d.chance(o.affine_p).to(at::kFloat);
+  const at::Tensor deg = d.uniform(-o.degrees, o.degrees) * aff, sc = 1 + d.uniform(-o.scale, o.scale) * aff;
+  const at::Tensor shx = d.uniform(-o.shear, o.shear) * aff, shy = d.uniform(-o.shear, o.shear) * aff;
+  const at::Tensor px = d.uniform(-o.perspective, o.perspective) * aff, py = d.uniform(-o.perspective, o.perspective) * aff;
+  const at::Tensor tx = d.uniform(-o.translate, o.translate) * aff * S, ty = d.uniform(-o.translate, o.translate) * aff * S;
+  const double lr_p = o.random_horizontal_flip.enabled ? o.random_horizontal_flip.probability : o.fliplr;
+  const double ud_p = o.random_vertical_flip.enabled ? o.random_vertical_flip.probability : o.flipud;
+  const at::Tensor flip_lr = d.chance(lr_p), flip_ud = d.chance(ud_p);
+  const Map m = frame.then(translate(zero - S / 2.0, zero - S / 2.0))
+                    .then(perspective(px, py))
+                    .then(rotate_scale(deg, sc))
+                    .then(shear(shx, shy))
+                    .then(translate(tx + S / 2.0, ty + S / 2.0))
+                    .then(flip(flip_lr, flip_ud, S))
+                    .then(scale(one * (double(in.out_size) / S)));
+  p.matrix = m.m;
+  p.inverse = m.inv;
+
+  // Mixup with another image of the batch, ratio ~ Beta(32, 32) (normal approximation, sd 0.062).
+  p.any_mixup = in.mosaic && o.mixup > 0 && B > 1;
+  const at::Tensor mix = d.chance(o.mixup) & (p.any_mixup ? at::ones({B}, fopt.dtype(at::kBool)) : off);
+  p.mix_partner = at::where(mix, at::remainder(self + 1 + (d.next() * std::max<int64_t>(B - 1, 1)).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0)), std::max<int64_t>(B, 1)), self);
+  const at::Tensor u1 = d.next(), u2 = d.next();
+  const at::Tensor normal = at::sqrt(-2 * at::log(u1)) * at::cos(2 * kPi * u2);
+  p.mix_ratio = at::where(mix, (0.5 + normal * std::sqrt(1.0 / 260)).clamp(0, 1), one);
+
+  // Colour: TF's ops and Ultralytics' HSV gains (both may be on; they multiply).
+  const auto gated = [&](bool enabled, double prob) { return (d.chance(prob) & (enabled ? at::ones({B}, fopt.dtype(at::kBool)) : off)).to(at::kFloat); };
+  const TfDelta& br = o.random_adjust_brightness;
+  p.brightness = d.uniform(-br.max_delta, br.max_delta) * gated(br.enabled, br.probability);
+  const TfFactor& ct = o.random_adjust_contrast;
+  const at::Tensor ct_on = gated(ct.enabled, ct.probability);
+  p.contrast = 1 + (d.uniform(ct.min_delta, ct.max_delta) - 1) * ct_on;
+  const TfDelta& hu = o.random_adjust_hue;
+  const TfFactor& sa = o.random_adjust_saturation;
+  const at::Tensor hue_on = gated(hu.enabled, hu.probability), sat_on = gated(sa.enabled, sa.probability);
+  const at::Tensor hsv_on = gated(o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0, o.hsv_p);
+  p.hue = d.uniform(-hu.max_delta, hu.max_delta) * hue_on + d.uniform(-o.hsv_h, o.hsv_h) * hsv_on;
+  p.saturation = (1 + (d.uniform(sa.min_delta, sa.max_delta) - 1) * sat_on) * (1 + d.uniform(-o.hsv_s, o.hsv_s) * hsv_on);
+  p.value = 1 + d.uniform(-o.hsv_v, o.hsv_v) * hsv_on;
+  p.any_contrast = ct.enabled || br.enabled;
+  p.any_hsv = hu.enabled || sa.enabled || o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0;
+  return p;
+}
+
+at::Tensor warp(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
+  const int64_t B = images.size(0), C = images.size(1), S = p.in_size, So = p.out_size;
+  const auto fopt = images.options().dtype(at::kFloat);
+  // Output pixel centres -> source points, [B, So*So] each.
+  const at::Tensor r = at::arange(So, fopt) + 0.5f;
+  const at::Tensor pts = at::stack({r.repeat({So}), r.repeat_interleave(So), at::ones({So * So}, fopt)});  // [3, So*So]
+  const at::Tensor src = at::matmul(p.inverse, pts);  // [B, 3, So*So]
+  const at::Tensor w = src.select(1, 2);
+  const at::Tensor sx = src.select(1, 0) / w, sy = src.select(1, 1) / w;
+  const auto inside = [&](const at::Tensor& box) {
+    return (sx >= col(box, 0).unsqueeze(1)) & (sx < col(box, 2).unsqueeze(1)) & (sy >= col(box, 1).unsqueeze(1)) &
+           (sy < col(box, 3).unsqueeze(1)) & (w > 0);
+  };
+  // The batch as one tall image [1, C, B*S, S]: every output pixel samples its own source
+  // image (its mosaic tile's) in a single grid_sample; coordinates are clamped to the source
+  // image so bilinear taps never reach a neighbour.
+  at::Tensor img = at::arange(B, fopt.dtype(at::kLong)).unsqueeze(1).expand({B, So * So});
+  at::Tensor lx = sx, ly = sy;
+  if (p.tiles == 4) {
+    const at::Tensor tx = (sx >= S).to(at::kLong), ty = (sy >= S).to(at::kLong);
+    img = p.sources.gather(1, tx + 2 * ty);
+    lx = sx - tx.to(at::kFloat) * S;
+    ly = sy - ty.to(at::kFloat) * S;
+  }
+  lx = lx.clamp(0.5, S - 0.5);
+  ly = ly.clamp(0.5, S - 0.5);
+  const at::Tensor gx = lx * (2.0 / S) - 1, gy = (img.to(at::kFloat) * S + ly) * (2.0 / (double(B) * S)) - 1;
+  const at::Tensor grid = at::stack({gx, gy}, -1).view({1, B * So, So, 2});
+  const at::Tensor tall = images.to(at::kFloat).transpose(0, 1).reshape({1, C, B * S, S});
+  at::Tensor out = at::grid_sampler(tall, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false);  // [1, C, B*So, So]
+  out = out.view({C, B, So, So}).transpose(0, 1);
+  const at::Tensor in_window = inside(p.window).view({B, 1, So, So}), in_view = inside(p.view).view({B, 1, So, So});
+  const at::Tensor pad = pad_colour.defined() ? pad_colour.to(at::kFloat).view({B, C, 1, 1}) : at::full({1}, fill, fopt);
+  return at::where(in_window, out, at::where(in_view, pad, at::full({1}, fill, fopt))).contiguous();
+}
+
+WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tensor& boxes, const at::Tensor& classes,
+                       const at::Tensor& crowd) {
+  const int64_t S = p.in_size;
+  std::vector<at::Tensor> bs, cs, ws;
+  for (int64_t t = 0; t < p.tiles; ++t) {
+    const at::Tensor src = p.sources.select(1, t);
+    const float ox = float(S * (t % 2)), oy = float(S * (t / 2));
+    bs.push_back(boxes.index_select(0, src) + at::tensor({ox, oy, ox, oy}, boxes.options()));
+    const at::Tensor used = t == 0 ? at::ones_like(p.mosaic) : p.mosaic;
+    cs.push_back(at::where(used.unsqueeze(1), classes.index_select(0, src), at::full({1}, -1, classes.options())));
+    ws.push_back(crowd.index_select(0, src));
+  }
+  const at::Tensor b = at::cat(bs, 1), cls = at::cat(cs, 1);  // [B, M, 4], [B, M]
+  const at::Tensor win = p.window.unsqueeze(1);
+  const at::Tensor clipped = at::where(p.clip_to_window.view({-1, 1, 1}),
+                                       at::cat({at::maximum(b.narrow(2, 0, 2), win.narrow(2, 0, 2)), at::minimum(b.narrow(2, 2, 2), win.narrow(2, 2, 2))}, 2), b);
+  // Corners through the matrices: [B, M, 4, 2] in cyclic order (a convex quadrilateral).
+  const auto quad = [&](const at::Tensor& x) {
+    const at::Tensor x1 = col(x, 0), y1 = col(x, 1), x2 = col(x, 2), y2 = col(x, 3), one = at::ones_like(x1);
+    const at::Tensor corners = at::stack({at::stack({x1, y1, one}, -1), at::stack({x2, y1, one}, -1), at::stack({x2, y2, one}, -1),
+                                          at::stack({x1, y2, one}, -1)}, 2);
+    const at::Tensor q = at::matmul(corners, p.matrix.transpose(1, 2).unsqueeze(1));  // [B, M, 4, 3]
+    return q.narrow(3, 0, 2) / q.narrow(3, 2, 1);
+  };
+  const at::Tensor qb = quad(b);
+  const at::Tensor full = at::cat({std::get<0>(qb.min(-2)), std::get<0>(qb.max(-2))}, -1);
+  const at::Tensor out = visible_bbox(quad(clipped), double(p.out_size));
+  const at::Tensor w = col(out, 2) - col(out, 0), h = col(out, 3) - col(out, 1);
+  const at::Tensor full_area = ((col(full, 2) - col(full, 0)) * (col(full, 3) - col(full, 1))).clamp_min(1e-9);
+  const at::Tensor aspect = at::maximum(w / (h + 1e-9), h / (w + 1e-9));
+  // Clipped-empty boxes (x2 <= x1 before the transform) come out with no area and are dropped.
+  const at::Tensor nonempty = (col(clipped, 2) > col(clipped, 0)) & (col(clipped, 3) > col(clipped, 1));
+  const at::Tensor keep = (cls >= 0) & nonempty & (w > o.box_min_size) & (h > o.box_min_size) &
+                          (w * h / full_area > p.min_visible.unsqueeze(1)) & (aspect < o.box_max_aspect);
+  return {out, cls, at::cat(ws, 1), keep};
+}
+
+at::Tensor adjust_colour(const Params& p, const at::Tensor& images) {
+  at::Tensor x = images;
+  const auto per_image = [](const at::Tensor& v) { return v.view({-1, 1, 1, 1}); };
+  if (p.any_contrast) {  // TF: brightness, then contrast about each channel's mean, clipped each time
+    x = (x + per_image(p.brightness)).clamp(0, 1);
+    const at::Tensor mean = x.mean({2, 3}, true);
+    x = ((x - mean) * per_image(p.contrast) + mean).clamp(0, 1);
+  }
+  if (!p.any_hsv) return x;
+  const at::Tensor r = x.select(1, 0), g = x.select(1, 1), b = x.select(1, 2);
+  const at::Tensor maxc = x.amax(1), minc = x.amin(1), delta = maxc - minc;
+  const at::Tensor dd = at::where(delta > 0, delta, at::ones_like(delta));
+  at::Tensor hue = at::where(maxc == r, (g - b) / dd, at::where(maxc == g, 2 + (b - r) / dd, 4 + (r - g) / dd)) / 6;
+  hue = at::where(delta > 0, hue, at::zeros_like(hue));
+  const auto view3 = [](const at::Tensor& v) { return v.view({-1, 1, 1}); };
+  hue = at::remainder(hue + view3(p.hue), 1.0);
+  const at::Tensor sat = (at::where(maxc > 0, delta / at::where(maxc > 0, maxc, at::ones_like(maxc)), at::zeros_like(maxc)) * view3(p.saturation)).clamp(0, 1);
+  const at::Tensor val = (maxc * view3(p.value)).clamp(0, 1);
+  std::vector<at::Tensor> rgb;
+  for (const double n : {5.0, 3.0, 1.0}) {  // HSV -> RGB: f(n) = v - v s max(0, min(k, 4 - k, 1)), k = (n + 6h) mod 6
+    const at::Tensor k = at::remainder(hue * 6 + n, 6.0);
+    rgb.push_back(val - val * sat * at::minimum(k, 4 - k).clamp(0, 1));
+  }
+  return at::stack(rgb, 1);
+}
+
+Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t max_boxes) {
+  at::Tensor x = warp(p, in.images, o.fill, p.pad_colour).div_(255.0);  // [B, 3, So, So] in [0, 1]
+  WarpedBoxes wb = warp_boxes(p, o, in.boxes, in.classes, in.crowd);
+  if (p.any_mixup) {
+    const at::Tensor r = p.mix_ratio.view({-1, 1, 1, 1});
+    x = x * r + x.index_select(0, p.mix_partner) * (1 - r);
+    const at::Tensor mixed = p.mix_partner != at::arange(x.size(0), p.mix_partner.options());
+    wb.keep = at::cat({wb.keep, wb.keep.index_select(0, p.mix_partner) & mixed.unsqueeze(1)}, 1);
+    wb.boxes = at::cat({wb.boxes, wb.boxes.index_select(0, p.mix_partner)}, 1);
+    wb.classes = at::cat({wb.classes, wb.classes.index_select(0, p.mix_partner)}, 1);
+    wb.crowd = at::cat({wb.crowd, wb.crowd.index_select(0, p.mix_partner)}, 1);
+  }
+  x = adjust_colour(p, x);
+  // Surviving rows first (stable), then the first max_boxes of them: fixed shapes, no sync.
+  const at::Tensor order = std::get<1>(at::sort(wb.keep.to(at::kInt), /*stable=*/true, /*dim=*/1, /*descending=*/true));
+  const int64_t n = std::min<int64_t>(max_boxes, order.size(1));
+  const at::Tensor idx = order.narrow(1, 0, n);
+  const at::Tensor keep = wb.keep.gather(1, idx);
+  Batch out;
+  out.images = x;
+  out.boxes = at::where(keep.unsqueeze(2), wb.boxes.gather(1, idx.unsqueeze(2).expand({-1, -1, 4})), at::zeros({1}, wb.boxes.options()));
+  out.classes = at::where(keep, wb.classes.gather(1, idx), at::full({1}, -1, wb.classes.options()));
+  out.crowd = wb.crowd.gather(1, idx) & keep;
+  return out;
+}
+
+Augmenter::Augmenter(AugmentOptions o, int64_t seed, int64_t input_multiple, int64_t epochs)
+    : o_(std::move(o)), seed_(seed), multiple_(std::max<int64_t>(input_multiple, 1)), epochs_(epochs) {}
+
+bool Augmenter::mosaic_in_epoch(int64_t epoch) const { return epoch < epochs_ - o_.close_mosaic; }
+
+int64_t Augmenter::output_size(int64_t in_size, int64_t epoch, int64_t batch_index) const {
+  if (o_.multi_scale <= 0) return in_size;
+  // Host-side: the size is a shape, needed before any kernel is launched.
+  Rng rng(mix_seed(epoch_key(seed_, epoch) ^ mix_seed(static_cast<uint64_t>(batch_index) + 1)));
+  const int64_t lo = std::max<int64_t>(multiple_, int64_t(std::ceil(in_size * (1 - o_.multi_scale) / multiple_)) * multiple_);
+  const int64_t hi = std::max<int64_t>(lo, int64_t(std::floor(in_size * (1 + o_.multi_scale) / multiple_)) * multiple_);
+  return lo + rng.integer(0, (hi - lo) / multiple_) * multiple_;
+}
+
+int64_t Augmenter::max_output_size(int64_t in_size) const {
+  if (o_.multi_scale <= 0) return in_size;
+  return std::max<int64_t>(multiple_, int64_t(std::floor(in_size * (1 + o_.multi_scale) / multiple_)) * multiple_);
+}
+
+Batch Augmenter::operator()(const data::HostBatch& batch, c10::Device device) const {
+  const int64_t B = batch.size(), S = batch.images.size(2);
+  std::vector<int64_t> ids(B);
+  std::vector<float> content(4 * B);
+  for (int64_t b = 0; b < B; ++b) {
+    const data::Letterbox& g = batch.meta[b].geometry;
+    ids[b] = batch.meta[b].index;
+    content[4 * b] = g.pad_x, content[4 * b + 1] = g.pad_y;
+    content[4 * b + 2] = g.pad_x + g.resized_w, content[4 * b + 3] = g.pad_y + g.resized_h;
+  }
+  Batch in{batch.images.to(device, true), batch.boxes.to(device, true), batch.classes.to(device, true), batch.crowd.to(device, true)};
+  DrawInputs d;
+  d.images = in.images;
+  d.boxes = in.boxes;
+  d.classes = in.classes;
+  d.sample_ids = at::tensor(ids, at::kLong).to(device, true);
+  d.content = at::tensor(content, at::kFloat).view({B, 4}).to(device, true);
+  d.out_size = output_size(S, batch.epoch, batch.index);
+  d.key = epoch_key(seed_, batch.epoch);
+  d.mosaic = mosaic_in_epoch(batch.epoch);
+  const Params p = draw_params(o_, d);
+  // Rows an image can end with, from the host counts: its own, or a mosaic's four largest,
+  // twice that with mixup.
+  std::vector<int64_t> counts(batch.counts.data_ptr<int64_t>(), batch.counts.data_ptr<int64_t>() + B);
+  std::sort(counts.rbegin(), counts.rend());
+  int64_t rows = 0;
+  for (int64_t i = 0; i < std::min<int64_t>(p.tiles, B); ++i) rows += counts[i];
+  if (p.any_mixup) rows *= 2;
+  return apply(p, o_, in, rows);
+}
+
+data::HostBatch to_host_batch(const Batch& b, const data::HostBatch& like) {
+  data::HostBatch h;
+  h.images = b.images.mul(255).round_().clamp_(0, 255).to(at::kByte).cpu();
+  h.boxes = b.boxes.to(at::kFloat).cpu();
+  h.classes = b.classes.cpu();
+  h.crowd = b.crowd.cpu();
+  h.counts = (h.classes >= 0).sum(1);
+  h.meta = like.meta;
+  h.epoch = like.epoch;
+  h.index = like.index;
+  return h;
+}
+
+}  // namespace headroom::augment
