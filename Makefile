@@ -37,6 +37,7 @@ test: build
 
 bench: build
 	$(BUILD)/bench_loader --out $(BUILD)/bench-data
+	$(BUILD)/bench_augment
 
 $(CUDA_BUILD)/venv/.torch-installed:
 	bash scripts/install-deps.sh --cuda

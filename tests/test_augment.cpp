@@ -147,6 +147,25 @@ TEST(Augment, BoxesMatchWarpedMasksUnderTfCropAndPad) {
   for (const uint64_t seed : {2, 12, 22}) expect_ious(box_mask_ious(o, synthetic(8, 3, 160, seed, 40, 90), 160, 32), 10);
 }
 
+TEST(Augment, CpuWarpLoopEqualsTheTensorOpWarp) {
+  AugmentOptions o;
+  o.degrees = 20, o.scale = 0.4, o.shear = 3, o.translate = 0.1, o.perspective = 0.0003, o.fliplr = 0.5, o.mosaic = 0.7;
+  AugmentOptions tf;
+  tf.random_crop_image.enabled = tf.random_absolute_pad_image.enabled = true;
+  tf.random_absolute_pad_image.max_height_padding = tf.random_absolute_pad_image.max_width_padding = 40;
+  const Synthetic s = synthetic(6, 2, 96, 12);
+  for (const AugmentOptions* opts : {&o, &tf})
+    for (const int64_t out : {96, 128}) {
+      const augment::Params p = augment::draw_params(*opts, inputs(s, out));
+      const at::Tensor loop = augment::warp(p, s.batch.images, 114, p.pad_colour);
+      const at::Tensor ref = augment::warp_reference(p, s.batch.images, 114, p.pad_colour);
+      ASSERT_EQ(loop.sizes(), ref.sizes());
+      const at::Tensor diff = (loop - ref).abs();
+      EXPECT_LT(diff.mean().item<double>(), 0.01);
+      EXPECT_GT((diff < 0.5).to(at::kFloat).mean().item<double>(), 0.999);
+    }
+}
+
 TEST(Augment, PlainWarpEqualsOpenCvWarpAffine) {
   AugmentOptions o;
   o.degrees = 30, o.scale = 0.3, o.shear = 4, o.translate = 0.1;
@@ -198,6 +217,10 @@ TEST(Augment, HsvMatchesOpenCvAndTfColourFormulas) {
     const at::Tensor ref = at::from_blob(back.data, {32, 32, 3}, at::kFloat).permute({2, 0, 1});
     EXPECT_LT((ours[b] - ref).abs().max().item<double>(), 1e-4) << "image " << b;
   }
+  // The CPU's fused loop against the tensor-op version (what CUDA runs), on random colours.
+  const at::Tensor noise = at::rand({3, 3, 40, 40});
+  const at::Tensor hs = at::tensor({0.3f, -0.7f, 0.01f}), sg = at::tensor({0.2f, 1.7f, 1.0f}), vg = at::tensor({1.3f, 0.6f, 1.0f});
+  EXPECT_LT((augment::shift_hsv(noise, hs, sg, vg) - augment::shift_hsv_reference(noise, hs, sg, vg)).abs().max().item<double>(), 1e-5);
   // Identity gains leave the image alone (HSV round trip).
   p.hue = at::zeros({2}), p.saturation = at::ones({2}), p.value = at::ones({2});
   EXPECT_LT((augment::adjust_colour(p, x) - x).abs().max().item<double>(), 1e-5);

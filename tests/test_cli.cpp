@@ -87,3 +87,23 @@ TEST(Cli, ModelPrintsTheLayerTableAndCounts) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("bad.yaml:3:5: row 0"), std::string::npos) << r.output;
 }
+
+TEST(Cli, DataPreviewDrawsAugmentedBatches) {
+  const std::string dir = test::temp_dir("cli-preview");
+  const std::string cfg = dir + "/aug.yaml";
+  test::write_bytes(cfg, "device: cpu\ndata: {dataset: " + test::small_synth() + ", imgsz: 64, workers: 1}\n"
+                         "train: {batch: 8}\naugment: {mosaic: 1.0, fliplr: 0.5, scale: 0.3, hsv_v: 0.4}\n");
+  test::RunResult r = test::run_trainer("data preview --config " + cfg + " --out " + dir + "/p.png --batches 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json j = Json::parse(r.output, "stdout");
+  ASSERT_EQ(j.find("files")->size(), 2u);
+  EXPECT_TRUE(fs::file_size(dir + "/p_1.png") > 1000);
+  EXPECT_TRUE(fs::file_size(dir + "/p_2.png") > 1000);
+  EXPECT_EQ(j.find("images")->as_number(), 16);
+  EXPECT_TRUE(j.find("augment")->as_bool());
+  EXPECT_GT(j.find("boxes_after")->as_number(), j.find("boxes_before")->as_number());  // mosaics gather boxes
+  test::write_bytes(cfg, "data: {dataset: " + test::small_synth() + "}\naugment: {random_crop_image: {min_area: 2}}\n");
+  r = test::run_trainer("data preview --config " + cfg);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(cfg + ":2:11: augment.random_crop_image: min_area (line 2): value 2 is out of range"), std::string::npos) << r.output;
+}

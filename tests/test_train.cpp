@@ -168,7 +168,12 @@ TEST(Train, ResumeAfterSigkillEndsBitIdentical) {
     fs::create_directories(dir + "/" + name);
     return config_file(dir + "/" + name, tiny_run({"project=" + dir + "/runs", "name=" + name, "train.steps=8",
                                                     "train.save_every_steps=3", "train.keep=5", "train.warmup_epochs=1",
-                                                    "train.val_every=1"}));
+                                                    "train.val_every=1",
+                                                    // every random augmentation, so resume must replay them exactly
+                                                    "augment.mosaic=1", "augment.mixup=0.3", "augment.close_mosaic=1",
+                                                    "augment.multi_scale=0.5", "augment.degrees=5", "augment.translate=0.1",
+                                                    "augment.scale=0.5", "augment.fliplr=0.5", "augment.hsv_h=0.015",
+                                                    "augment.hsv_s=0.7", "augment.hsv_v=0.4"}));
   };
   const std::string full_cfg = cfg("full"), killed_cfg = cfg("killed");
   test::RunResult full = test::run_trainer("train --config " + full_cfg);

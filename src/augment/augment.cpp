@@ -1,6 +1,7 @@
 #include "headroom/augment/augment.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -295,40 +296,132 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
   return p;
 }
 
-at::Tensor warp(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
-  const int64_t B = images.size(0), C = images.size(1), S = p.in_size, So = p.out_size;
-  const auto fopt = images.options().dtype(at::kFloat);
-  // Output pixel centres -> source points, [B, So*So] each.
+namespace {
+
+// Images [b0, b0 + n) of the warp. `source` is the batch [B, C, S, S], or for mosaics the batch
+// as one tall image [1, C, B*S, S], so that every output pixel samples its own tile's image in
+// a single grid_sample; coordinates are clamped to the source image so bilinear taps never
+// reach a neighbour.
+at::Tensor warp_images(const Params& p, const at::Tensor& source, int64_t b0, int64_t n, double fill, const at::Tensor& pad_colour) {
+  const int64_t S = p.in_size, So = p.out_size, C = source.size(1);
+  const auto fopt = source.options();
+  // Output pixel centres -> source points, [n, So*So] each.
   const at::Tensor r = at::arange(So, fopt) + 0.5f;
   const at::Tensor pts = at::stack({r.repeat({So}), r.repeat_interleave(So), at::ones({So * So}, fopt)});  // [3, So*So]
-  const at::Tensor src = at::matmul(p.inverse, pts);  // [B, 3, So*So]
+  const at::Tensor src = at::matmul(p.inverse.narrow(0, b0, n), pts);  // [n, 3, So*So]
   const at::Tensor w = src.select(1, 2);
   const at::Tensor sx = src.select(1, 0) / w, sy = src.select(1, 1) / w;
   const auto inside = [&](const at::Tensor& box) {
-    return (sx >= col(box, 0).unsqueeze(1)) & (sx < col(box, 2).unsqueeze(1)) & (sy >= col(box, 1).unsqueeze(1)) &
-           (sy < col(box, 3).unsqueeze(1)) & (w > 0);
+    const at::Tensor b = box.narrow(0, b0, n);
+    return ((sx >= col(b, 0).unsqueeze(1)) & (sx < col(b, 2).unsqueeze(1)) & (sy >= col(b, 1).unsqueeze(1)) &
+            (sy < col(b, 3).unsqueeze(1)) & (w > 0)).view({n, 1, So, So});
   };
-  // The batch as one tall image [1, C, B*S, S]: every output pixel samples its own source
-  // image (its mosaic tile's) in a single grid_sample; coordinates are clamped to the source
-  // image so bilinear taps never reach a neighbour.
-  at::Tensor img = at::arange(B, fopt.dtype(at::kLong)).unsqueeze(1).expand({B, So * So});
-  at::Tensor lx = sx, ly = sy;
+  at::Tensor out;
   if (p.tiles == 4) {
     const at::Tensor tx = (sx >= S).to(at::kLong), ty = (sy >= S).to(at::kLong);
-    img = p.sources.gather(1, tx + 2 * ty);
-    lx = sx - tx.to(at::kFloat) * S;
-    ly = sy - ty.to(at::kFloat) * S;
+    const at::Tensor img = p.sources.narrow(0, b0, n).gather(1, tx + 2 * ty).to(at::kFloat);
+    const at::Tensor lx = (sx - tx.to(at::kFloat) * S).clamp(0.5, S - 0.5), ly = (sy - ty.to(at::kFloat) * S).clamp(0.5, S - 0.5);
+    const double rows = double(source.size(2));
+    const at::Tensor grid = at::stack({lx * (2.0 / S) - 1, (img * S + ly) * (2.0 / rows) - 1}, -1).view({1, n * So, So, 2});
+    out = at::grid_sampler(source, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false).view({C, n, So, So}).transpose(0, 1);
+  } else {
+    const at::Tensor grid = (at::stack({sx.clamp(0.5, S - 0.5), sy.clamp(0.5, S - 0.5)}, -1) * (2.0 / S) - 1).view({n, So, So, 2});
+    out = at::grid_sampler(source.narrow(0, b0, n), grid, 0, 0, false);
   }
-  lx = lx.clamp(0.5, S - 0.5);
-  ly = ly.clamp(0.5, S - 0.5);
-  const at::Tensor gx = lx * (2.0 / S) - 1, gy = (img.to(at::kFloat) * S + ly) * (2.0 / (double(B) * S)) - 1;
-  const at::Tensor grid = at::stack({gx, gy}, -1).view({1, B * So, So, 2});
-  const at::Tensor tall = images.to(at::kFloat).transpose(0, 1).reshape({1, C, B * S, S});
-  at::Tensor out = at::grid_sampler(tall, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false);  // [1, C, B*So, So]
-  out = out.view({C, B, So, So}).transpose(0, 1);
-  const at::Tensor in_window = inside(p.window).view({B, 1, So, So}), in_view = inside(p.view).view({B, 1, So, So});
-  const at::Tensor pad = pad_colour.defined() ? pad_colour.to(at::kFloat).view({B, C, 1, 1}) : at::full({1}, fill, fopt);
-  return at::where(in_window, out, at::where(in_view, pad, at::full({1}, fill, fopt))).contiguous();
+  const at::Tensor outside = at::full({1}, fill, fopt);
+  const at::Tensor pad = pad_colour.defined() ? pad_colour.narrow(0, b0, n).to(at::kFloat).view({n, C, 1, 1}) : outside;
+  return at::where(inside(p.window), out, at::where(inside(p.view), pad, outside));
+}
+
+// Runs fn(b0, n) over the batch in pieces and concatenates the results. On the CPU the pieces
+// hold ~16 MB of output, so the temporaries are reused from the heap instead of being fresh
+// (page-faulting) mappings; on CUDA the whole batch is one piece.
+template <class F>
+at::Tensor in_chunks(const at::Tensor& like, int64_t batch, int64_t bytes_per_image, F&& fn) {
+  const int64_t chunk = like.is_cuda() ? batch : std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(bytes_per_image, 1));
+  if (chunk >= batch) return fn(0, batch);
+  std::vector<at::Tensor> parts;
+  for (int64_t b0 = 0; b0 < batch; b0 += chunk) parts.push_back(fn(b0, std::min(chunk, batch - b0)));
+  return at::cat(parts);
+}
+
+}  // namespace
+
+at::Tensor warp_reference(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
+  const int64_t B = images.size(0), C = images.size(1), S = p.in_size;
+  const at::Tensor x = images.to(at::kFloat);
+  const at::Tensor source = p.tiles == 4 ? x.transpose(0, 1).reshape({1, C, B * S, S}) : x;
+  return in_chunks(images, B, C * p.out_size * p.out_size * 4,
+                   [&](int64_t b0, int64_t n) { return warp_images(p, source, b0, n, fill, pad_colour); });
+}
+
+namespace {
+
+// warp_reference's arithmetic in one pass per output pixel (no full-size temporaries; reads the
+// uint8 images directly): on the CPU, memory traffic is what the tensor-op version spends.
+template <class T>
+void warp_cpu(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour, at::Tensor& out) {
+  const int64_t B = out.size(0), C = out.size(1), So = out.size(2), S = p.in_size, P = So * So;
+  const at::Tensor inv_t = p.inverse.to(at::kFloat).contiguous(), win_t = p.window.to(at::kFloat).contiguous();
+  const at::Tensor view_t = p.view.to(at::kFloat).contiguous(), src_t = p.sources.contiguous();
+  const at::Tensor pad_t = pad_colour.defined() ? pad_colour.to(at::kFloat).contiguous() : at::full({B, C}, fill);
+  const float *inv = inv_t.data_ptr<float>(), *win = win_t.data_ptr<float>(), *view = view_t.data_ptr<float>(), *pad = pad_t.data_ptr<float>();
+  const int64_t* sources = src_t.data_ptr<int64_t>();
+  const T* in = images.data_ptr<T>();
+  float* o = out.data_ptr<float>();
+  const float lo = 0.5f, hi = float(S) - 0.5f, fillv = float(fill);
+  at::parallel_for(0, B * So, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / So, v = row % So;
+      const float* m = inv + 9 * b;
+      const float* wb = win + 4 * b;
+      const float* vb = view + 4 * b;
+      const float py = float(v) + 0.5f;
+      for (int64_t u = 0; u < So; ++u) {
+        const float px = float(u) + 0.5f;
+        const float w = m[6] * px + m[7] * py + m[8];
+        const float sx = (m[0] * px + m[1] * py + m[2]) / w, sy = (m[3] * px + m[4] * py + m[5]) / w;
+        float* dst = o + b * C * P + v * So + u;
+        const bool in_view = sx >= vb[0] && sx < vb[2] && sy >= vb[1] && sy < vb[3] && w > 0;
+        const bool in_window = sx >= wb[0] && sx < wb[2] && sy >= wb[1] && sy < wb[3] && w > 0;
+        if (!in_window) {
+          for (int64_t c = 0; c < C; ++c) dst[c * P] = in_view ? pad[b * C + c] : fillv;
+          continue;
+        }
+        int64_t img = b;
+        float lx = sx, ly = sy;
+        if (p.tiles == 4) {
+          const int64_t tx = sx >= S, ty = sy >= S;
+          img = sources[b * 4 + tx + 2 * ty];
+          lx -= float(tx * S), ly -= float(ty * S);
+        }
+        const float ix = std::clamp(lx, lo, hi) - 0.5f, iy = std::clamp(ly, lo, hi) - 0.5f;
+        const int64_t x0 = int64_t(ix), y0 = int64_t(iy);  // ix, iy >= 0: truncation is floor
+        const int64_t x1 = std::min<int64_t>(x0 + 1, S - 1), y1 = std::min<int64_t>(y0 + 1, S - 1);
+        const float fx = ix - float(x0), fy = iy - float(y0);
+        const T* base = in + img * C * S * S;
+        for (int64_t c = 0; c < C; ++c) {
+          const T* plane = base + c * S * S;
+          const float top = float(plane[y0 * S + x0]) * (1 - fx) + float(plane[y0 * S + x1]) * fx;
+          const float bottom = float(plane[y1 * S + x0]) * (1 - fx) + float(plane[y1 * S + x1]) * fx;
+          dst[c * P] = top * (1 - fy) + bottom * fy;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor warp(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
+  if (!images.device().is_cpu()) return warp_reference(p, images, fill, pad_colour);
+  const at::Tensor x = images.contiguous();
+  at::Tensor out = at::empty({x.size(0), x.size(1), p.out_size, p.out_size}, x.options().dtype(at::kFloat));
+  if (x.scalar_type() == at::kByte)
+    warp_cpu<uint8_t>(p, x, fill, pad_colour, out);
+  else
+    warp_cpu<float>(p, x.to(at::kFloat), fill, pad_colour, out);
+  return out;
 }
 
 WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tensor& boxes, const at::Tensor& classes,
@@ -368,24 +461,16 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
   return {out, cls, at::cat(ws, 1), keep};
 }
 
-at::Tensor adjust_colour(const Params& p, const at::Tensor& images) {
-  at::Tensor x = images;
-  const auto per_image = [](const at::Tensor& v) { return v.view({-1, 1, 1, 1}); };
-  if (p.any_contrast) {  // TF: brightness, then contrast about each channel's mean, clipped each time
-    x = (x + per_image(p.brightness)).clamp(0, 1);
-    const at::Tensor mean = x.mean({2, 3}, true);
-    x = ((x - mean) * per_image(p.contrast) + mean).clamp(0, 1);
-  }
-  if (!p.any_hsv) return x;
+at::Tensor shift_hsv_reference(const at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain) {
   const at::Tensor r = x.select(1, 0), g = x.select(1, 1), b = x.select(1, 2);
   const at::Tensor maxc = x.amax(1), minc = x.amin(1), delta = maxc - minc;
   const at::Tensor dd = at::where(delta > 0, delta, at::ones_like(delta));
   at::Tensor hue = at::where(maxc == r, (g - b) / dd, at::where(maxc == g, 2 + (b - r) / dd, 4 + (r - g) / dd)) / 6;
   hue = at::where(delta > 0, hue, at::zeros_like(hue));
   const auto view3 = [](const at::Tensor& v) { return v.view({-1, 1, 1}); };
-  hue = at::remainder(hue + view3(p.hue), 1.0);
-  const at::Tensor sat = (at::where(maxc > 0, delta / at::where(maxc > 0, maxc, at::ones_like(maxc)), at::zeros_like(maxc)) * view3(p.saturation)).clamp(0, 1);
-  const at::Tensor val = (maxc * view3(p.value)).clamp(0, 1);
+  hue = at::remainder(hue + view3(hue_shift), 1.0);
+  const at::Tensor sat = (at::where(maxc > 0, delta / at::where(maxc > 0, maxc, at::ones_like(maxc)), at::zeros_like(maxc)) * view3(sat_gain)).clamp(0, 1);
+  const at::Tensor val = (maxc * view3(val_gain)).clamp(0, 1);
   std::vector<at::Tensor> rgb;
   for (const double n : {5.0, 3.0, 1.0}) {  // HSV -> RGB: f(n) = v - v s max(0, min(k, 4 - k, 1)), k = (n + 6h) mod 6
     const at::Tensor k = at::remainder(hue * 6 + n, 6.0);
@@ -393,6 +478,81 @@ at::Tensor adjust_colour(const Params& p, const at::Tensor& images) {
   }
   return at::stack(rgb, 1);
 }
+
+namespace {
+
+// The same arithmetic as shift_hsv_reference, one pass over the pixels in place: the tensor-op
+// version makes ~25 passes with full-size temporaries, 10-20x slower on the CPU.
+void shift_hsv_cpu(at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain) {
+  const int64_t P = x.size(2) * x.size(3);
+  const at::Tensor hs = hue_shift.contiguous(), sg = sat_gain.contiguous(), vg = val_gain.contiguous();
+  const float *dh = hs.data_ptr<float>(), *fs = sg.data_ptr<float>(), *fv = vg.data_ptr<float>();
+  float* data = x.data_ptr<float>();
+  // a mod 1 without a libm call (the baseline x86-64 target has no inline floor)
+  const auto frac = [](float a) {
+    float f = float(int64_t(a));
+    return a - (f > a ? f - 1 : f);
+  };
+  at::parallel_for(0, x.size(0) * P, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {  // runs of pixels within one image
+      const int64_t img = i / P, stop = std::min(end, (img + 1) * P);
+      const float shift = dh[img], sat_gain = fs[img], val_gain = fv[img];
+      float* r = data + img * 3 * P - img * P;  // r[k] for k = i .. stop within this image
+      for (; i < stop; ++i) {
+        float* px = r + i;
+        const float R = px[0], G = px[P], B = px[2 * P];
+        const float maxc = std::max(R, std::max(G, B)), delta = maxc - std::min(R, std::min(G, B));
+        const float dd = delta > 0 ? delta : 1.0f;
+        float h = maxc == R ? (G - B) / dd : maxc == G ? 2 + (B - R) / dd : 4 + (R - G) / dd;
+        h = delta > 0 ? h / 6 : 0.0f;
+        h = frac(h + shift);
+        const float sat = std::clamp((maxc > 0 ? delta / maxc : 0.0f) * sat_gain, 0.0f, 1.0f);
+        const float val = std::clamp(maxc * val_gain, 0.0f, 1.0f);
+        const float h6 = h * 6, k5 = h6 + 5 >= 6 ? h6 - 1 : h6 + 5, k3 = h6 + 3 >= 6 ? h6 - 3 : h6 + 3, k1 = h6 + 1 >= 6 ? h6 - 5 : h6 + 1;
+        px[0] = val - val * sat * std::clamp(std::min(k5, 4 - k5), 0.0f, 1.0f);
+        px[P] = val - val * sat * std::clamp(std::min(k3, 4 - k3), 0.0f, 1.0f);
+        px[2 * P] = val - val * sat * std::clamp(std::min(k1, 4 - k1), 0.0f, 1.0f);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor shift_hsv(const at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain) {
+  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat) return shift_hsv_reference(x, hue_shift, sat_gain, val_gain);
+  at::Tensor out = x.contiguous().clone();
+  shift_hsv_cpu(out, hue_shift.to(at::kFloat), sat_gain.to(at::kFloat), val_gain.to(at::kFloat));
+  return out;
+}
+
+at::Tensor adjust_colour(const Params& p, const at::Tensor& images) {
+  at::Tensor x = images;
+  const auto per_image = [](const at::Tensor& v) { return v.view({-1, 1, 1, 1}); };
+  if (p.any_contrast) {  // TF: brightness, then contrast about each channel's mean, clipped each time
+    x = (x + per_image(p.brightness)).clamp_(0, 1);
+    const at::Tensor mean = x.mean({2, 3}, true);
+    x = x.sub_(mean).mul_(per_image(p.contrast)).add_(mean).clamp_(0, 1);
+  }
+  return p.any_hsv ? shift_hsv(x, p.hue, p.saturation, p.value) : x;
+}
+
+namespace {
+
+// The colour parameters of images [b0, b0 + n).
+Params colour_slice(const Params& p, int64_t b0, int64_t n) {
+  Params s;
+  s.any_contrast = p.any_contrast;
+  s.any_hsv = p.any_hsv;
+  s.brightness = p.brightness.narrow(0, b0, n);
+  s.contrast = p.contrast.narrow(0, b0, n);
+  s.hue = p.hue.narrow(0, b0, n);
+  s.saturation = p.saturation.narrow(0, b0, n);
+  s.value = p.value.narrow(0, b0, n);
+  return s;
+}
+
+}  // namespace
 
 Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t max_boxes) {
   at::Tensor x = warp(p, in.images, o.fill, p.pad_colour).div_(255.0);  // [B, 3, So, So] in [0, 1]
@@ -406,7 +566,8 @@ Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t m
     wb.classes = at::cat({wb.classes, wb.classes.index_select(0, p.mix_partner)}, 1);
     wb.crowd = at::cat({wb.crowd, wb.crowd.index_select(0, p.mix_partner)}, 1);
   }
-  x = adjust_colour(p, x);
+  if (p.any_contrast || p.any_hsv)
+    x = in_chunks(x, x.size(0), x[0].numel() * 4, [&](int64_t b0, int64_t n) { return adjust_colour(colour_slice(p, b0, n), x.narrow(0, b0, n)); });
   // Surviving rows first (stable), then the first max_boxes of them: fixed shapes, no sync.
   const at::Tensor order = std::get<1>(at::sort(wb.keep.to(at::kInt), /*stable=*/true, /*dim=*/1, /*descending=*/true));
   const int64_t n = std::min<int64_t>(max_boxes, order.size(1));

@@ -70,9 +70,12 @@ uint64_t epoch_key(int64_t seed, int64_t epoch);
 
 Params draw_params(const AugmentOptions& o, const DrawInputs& in);
 
-// Resamples [B, C, S, S] float images (any channels: masks too) through the parameters' warp:
-// outside the window the pad colour ([B, C]; undefined = fill), outside the view `fill`.
+// Resamples [B, C, S, S] uint8 or float images (any channels: masks too) through the
+// parameters' warp into float [B, C, So, So]: bilinear, outside the window the pad colour
+// ([B, C]; undefined = fill), outside the view `fill`. warp runs a fused per-pixel loop on the
+// CPU and warp_reference (coordinates as tensors, one grid_sample) elsewhere.
 at::Tensor warp(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour);
+at::Tensor warp_reference(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour);
 
 // Boxes through the warp, before compaction: [B, tiles * N] rows, tile-major (tile t's rows
 // are boxes of sources[b, t]), and which of them survive (box_min_size, min_visible, aspect).
@@ -88,6 +91,11 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
 // Colour changes of [B, 3, H, W] float images in [0, 1]: brightness, contrast, then one HSV
 // round trip for hue, saturation and value.
 at::Tensor adjust_colour(const Params& p, const at::Tensor& images);
+
+// The HSV round trip: hue + shift (turns), saturation and value times their gains ([B] each).
+// shift_hsv runs a fused per-pixel loop on the CPU and the tensor-op reference elsewhere.
+at::Tensor shift_hsv(const at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain);
+at::Tensor shift_hsv_reference(const at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain);
 
 // The whole transform. max_boxes bounds the rows kept per image (valid rows first, padding -1).
 Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t max_boxes);
