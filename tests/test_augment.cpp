@@ -309,6 +309,11 @@ TEST(Augment, ApplyKeepsSurvivorsFirstWithinTheRowBound) {
   EXPECT_TRUE(at::equal(valid, std::get<0>(at::sort(valid.to(at::kInt), true, 1, true)).to(at::kBool)));
   EXPECT_EQ(out.boxes.masked_select(valid.logical_not().unsqueeze(2)).abs().sum().item<float>(), 0);
   EXPECT_GT(valid.sum().item<int64_t>(), 12);  // mosaics gather boxes of four images
+  // Images without boxes go through too.
+  Synthetic empty = synthetic(3, 0, 64, 13);
+  const augment::Batch none_out = augment::apply(augment::draw_params(o, inputs(empty, 64)), o, empty.batch, 0);
+  EXPECT_EQ(none_out.boxes.sizes(), (at::IntArrayRef{3, 0, 4}));
+  EXPECT_EQ(none_out.images.size(0), 3);
   // Everything off: the images come through unchanged.
   const augment::Params none = augment::draw_params(AugmentOptions(), inputs(s, 96));
   const augment::Batch same = augment::apply(none, AugmentOptions(), s.batch, 3);

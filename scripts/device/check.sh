@@ -44,5 +44,11 @@ if "$BUILD/bench_loader" --out /tmp/headroom-bench-data --images 256 > "$OUT/ben
 else
   status bench_loader "FAILED (bench_loader.err)"
 fi
+# augmentation on the GPU against per-image OpenCV on the machine's CPU threads
+if "$BUILD/bench_augment" --device cuda > "$OUT/bench_augment.jsonl" 2> "$OUT/bench_augment.err"; then
+  status bench_augment "$(wc -l < "$OUT/bench_augment.jsonl") lines"
+else
+  status bench_augment "FAILED (bench_augment.err)"
+fi
 status total "$(( $(date +%s) - t0 )) s"
-cat "$OUT/bench_loader.jsonl"
+cat "$OUT/bench_loader.jsonl" "$OUT/bench_augment.jsonl"
