@@ -201,10 +201,12 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
   at::Tensor window = in.content;
   {
     const at::Tensor keep_whole = d.chance(crop.random_coef);
-    auto [crops, found] = sample_crops(crop, d, in.content, in.boxes, valid);
     if (crop.enabled) {
+      auto [crops, found] = sample_crops(crop, d, in.content, in.boxes, valid);
       cropped = found & keep_whole.logical_not() & p.mosaic.logical_not();
       window = where4(cropped, crops, in.content);
+    } else {
+      d.take(4 * kCropAttempts);  // the crop's slots stay reserved: the later draws do not move
     }
   }
   at::Tensor view = window;
