@@ -38,6 +38,7 @@ test: build
 bench: build
 	$(BUILD)/bench_loader --out $(BUILD)/bench-data
 	$(BUILD)/bench_augment
+	$(BUILD)/bench_memory --data $(BUILD)/bench-memory-data
 
 $(CUDA_BUILD)/venv/.torch-installed:
 	bash scripts/install-deps.sh --cuda

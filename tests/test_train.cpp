@@ -19,21 +19,13 @@
 #include "headroom/train/metrics.h"
 #include "headroom/train/trainer.h"
 #include "test_util.h"
+#include "train_util.h"
 
 using namespace headroom;
+using namespace headroom::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::string> tiny_run(std::vector<std::string> extra, const std::string& model = "yolov8.yaml") {
-  std::vector<std::string> o = test::tiny_model(model);
-  for (const char* k : {"data.imgsz=64", "data.workers=1", "threads=1", "train.batch=4", "train.nominal_batch=8", "train.plots=false",
-                        "train.log_every=1", "device=cpu"})
-    o.push_back(k);
-  o.push_back("data.dataset=" + test::small_synth());
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
 
 // A config file holding `overrides` (what `trainer train --config` reads).
 std::string config_file(const std::string& dir, const std::vector<std::string>& overrides) {
@@ -96,40 +88,6 @@ bool same_tensors(torch::nn::Module& a, torch::nn::Module& b) {
   return true;
 }
 
-// A loss that is a sum over images, so micro-batches add up exactly to the whole batch.
-class PerImageSumLoss : public losses::DetectionLoss {
- public:
-  losses::LossTerms operator()(const models::HeadOutputs& outputs, const losses::Targets&) override {
-    at::Tensor total = at::zeros({});
-    for (const auto& level : outputs.at("pred")) total = total + level.pow(2).mean({1, 2, 3}).sum();
-    return {total, {{"sq", total.detach()}}};
-  }
-};
-
-class NanLoss : public losses::DetectionLoss {
- public:
-  losses::LossTerms operator()(const models::HeadOutputs& outputs, const losses::Targets&) override {
-    const at::Tensor total = outputs.at("pred")[0].sum() * NAN;
-    return {total, {{"nan", total.detach()}}};
-  }
-};
-
-// Keeps BatchNorm in eval mode, so batch statistics do not depend on the micro-batch.
-class EvalModeBatchNorm : public train::Hook {
- public:
-  void before_step(train::Trainer& t) override { t.model().eval(); }
-};
-
-std::vector<at::Tensor> params_of(models::DetectorImpl& m) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-train::TrainerParts parts_for(const Config& c, const std::string& dir) {
-  at::manual_seed(0);
-  return train::make_trainer_parts(c, c10::Device(c10::kCPU), dir);
-}
 
 }  // namespace
 

@@ -9,6 +9,9 @@
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/run_dir.h"
+#include "headroom/core/text.h"
+#include "headroom/memory/estimate.h"
+#include "headroom/memory/starvation.h"
 #include "headroom/train/trainer.h"
 
 namespace headroom::cli {
@@ -80,9 +83,35 @@ void add_train_command(CLI::App& app, int& exit_code) {
       c = load_run_config(config_path, overrides);
     }
     const c10::Device device = run_device(c);
+    memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
+    std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
+    const int64_t budget = memory::resolve_budget(c.memory.budget, *monitor);
+    auto train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    if (c.train.batch_auto) {
+      const memory::AutoBatch a = memory::choose_batch(c, train_split, *monitor, budget);
+      std::string tried;
+      for (const auto& [b, peak] : a.tried)
+        tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
+      spdlog::info("train.batch auto: {} (the largest step under {} of the {} budget; steps tried: {}); accumulation {} keeps "
+                   "train.nominal_batch {}",
+                   a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)), tried,
+                   std::max<int64_t>(std::llround(double(c.train.nominal_batch) / double(a.batch)), 1), c.train.nominal_batch);
+      c.train.batch = int(a.batch);
+      c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
+    }
+    std::shared_ptr<memory::CheckpointPlanner> planner;
+    if (c.memory.activation_checkpointing == CheckpointMode::auto_) planner = memory::make_checkpoint_planner(c, train_split, *monitor, budget);
     if (run_dir.empty()) run_dir = open_run_dir(c);
-    train::Trainer trainer(train::make_trainer_parts(c, device, run_dir));
+    train::Trainer trainer(train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c)));
     train::register_default_hooks(trainer);
+    if (c.memory.governor) trainer.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+    trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
+    if (planner)
+      trainer.set_checkpoint_planner([planner, logged = std::make_shared<std::set<std::pair<int64_t, int64_t>>>()](int64_t size, int64_t micro) {
+        const memory::StagePlan& p = planner->plan(size, micro);
+        if (logged->insert({size, micro}).second) spdlog::info("{}", planner->describe(p, size, micro));
+        return p.checkpointed;
+      });
     if (!checkpoint.empty()) trainer.load_checkpoint(checkpoint);
     train::install_interrupt_handler();
     trainer.train();

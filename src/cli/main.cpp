@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   cli::add_config_command(app, exit_code);
   cli::add_data_command(app, exit_code);
   cli::add_model_command(app, exit_code);
+  cli::add_memory_command(app, exit_code);
   cli::add_val_command(app, exit_code);
   cli::add_predict_command(app, exit_code);
   // `trainer --config C ...` means `trainer train --config C ...`.

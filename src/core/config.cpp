@@ -322,6 +322,7 @@ const char* to_string(CheckpointMode m) {
     case CheckpointMode::off: return "off";
     case CheckpointMode::stages: return "stages";
     case CheckpointMode::all: return "all";
+    case CheckpointMode::auto_: return "auto";
   }
   return "?";
 }

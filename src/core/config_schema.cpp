@@ -100,6 +100,64 @@ ConfigKey auto_int_key(std::string path, F field, int64_t lo, int64_t hi, std::s
   return k;
 }
 
+// train.batch: images per loader batch, or auto (the largest that fits memory.budget).
+ConfigKey batch_key() {
+  const std::string allowed = "auto or 1 .. 65536";
+  ConfigKey k{{"train.batch", "int | auto", allowed, "",
+               "Images the loader collates per batch; auto = the largest batch whose training step fits "
+               "memory.budget minus memory.headroom (probed, then verified with a real step)."},
+              nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (n.IsScalar() && n.Scalar() == "auto") {
+      c.train.batch_auto = true;
+      return "";
+    }
+    const auto v = n.IsScalar() ? parse_int(n.Scalar()) : std::nullopt;
+    if (!v) return "expected 'auto' or an integer (1 .. 65536), got " + node_kind(n);
+    if (*v < 1 || *v > 65536) return "value " + std::to_string(*v) + " is out of range; allowed: " + allowed;
+    c.train.batch = int(*v);
+    c.train.batch_auto = false;
+    return "";
+  };
+  k.get = [](const Config& c) { return c.train.batch_auto ? Json("auto") : Json(int64_t(c.train.batch)); };
+  return k;
+}
+
+// memory.budget: auto, a size with units, or a fraction of the device's memory.
+ConfigKey budget_key() {
+  const std::string allowed = "auto | bytes (8GiB, 512MiB, 8e9) | a fraction 0 < f <= 1";
+  ConfigKey k{{"memory.budget", "string", allowed, "",
+               "Memory the run may use on its device: auto = what is free at start, a size, or a share of the "
+               "device's total. Enforced: on CUDA with the allocator's memory fraction (a big card behaves like a "
+               "small one), on the CPU by Headroom's counting allocator; both raise the same out-of-memory error."},
+              nullptr, nullptr};
+  k.set = [=](Config& c, const YAML::Node& n) -> std::string {
+    if (!n.IsScalar()) return "expected " + allowed + ", got " + node_kind(n);
+    const std::string s = n.Scalar();
+    if (s == "auto") {
+      c.memory.budget = MemoryBudgetSpec{};
+      return "";
+    }
+    const auto plain = parse_double(s);
+    if (plain && *plain > 0 && *plain <= 1) {
+      c.memory.budget = MemoryBudgetSpec{MemoryBudgetSpec::Kind::fraction, *plain};
+      return "";
+    }
+    const auto bytes = parse_bytes(s);
+    if (!bytes || *bytes < 1048576.0)
+      return "'" + s + "' is not a budget; use " + allowed + (bytes ? " (at least 1MiB)" : "");
+    c.memory.budget = MemoryBudgetSpec{MemoryBudgetSpec::Kind::bytes, *bytes};
+    return "";
+  };
+  k.get = [](const Config& c) {
+    const MemoryBudgetSpec& b = c.memory.budget;
+    if (b.kind == MemoryBudgetSpec::Kind::automatic) return Json("auto");
+    if (b.kind == MemoryBudgetSpec::Kind::fraction) return Json(b.value);
+    return Json(int64_t(b.value));
+  };
+  return k;
+}
+
 template <class F>
 ConfigKey bool_key(std::string path, F field, std::string doc) {
   ConfigKey k{{path, "bool", "true | false", "", doc}, nullptr, nullptr};
@@ -447,8 +505,7 @@ std::vector<ConfigKey> build_schema() {
                        "Images whose header claims more pixels are refused before decoding "
                        "(decompression bombs)."),
       // train
-      int_key<int>("train.batch", [](Config& c) -> int& { return c.train.batch; }, 1, 65536,
-                   "Images per micro-batch collated by the loader."),
+      batch_key(),
       int_key<int>("train.nominal_batch", [](Config& c) -> int& { return c.train.nominal_batch; }, 1, 1 << 20,
                    "Images summed per optimizer step: gradients of round(nominal_batch / batch) micro-batches "
                    "are accumulated (Ultralytics' nbs)."),
@@ -510,10 +567,33 @@ std::vector<ConfigKey> build_schema() {
       // memory
       enum_key<CheckpointMode>("memory.activation_checkpointing",
                                [](Config& c) -> CheckpointMode& { return c.memory.activation_checkpointing; },
-                               {{"off", CheckpointMode::off}, {"stages", CheckpointMode::stages}, {"all", CheckpointMode::all}},
+                               {{"off", CheckpointMode::off}, {"stages", CheckpointMode::stages}, {"all", CheckpointMode::all},
+                                {"auto", CheckpointMode::auto_}},
                                "Recompute activations in backward instead of keeping them: stages = coarse "
                                "segments (YOLO backbone/neck stages, one per Hourglass stack), all = fine "
-                               "segments (every YOLO layer, every Hourglass block sequence)."),
+                               "segments (every YOLO layer, every Hourglass block sequence); auto = per input size, the fewest "
+                               "stages, cheapest to recompute, that let the micro-batch fit memory.budget."),
+      budget_key(),
+      double_key("memory.headroom", [](Config& c) -> double& { return c.memory.headroom; }, 0, 0.9,
+                 "Share of the budget kept free: train.batch=auto and the governor aim for budget * (1 - headroom)."),
+      bool_key("memory.governor", [](Config& c) -> bool& { return c.memory.governor; },
+               "On an out-of-memory error, drop the step, halve the micro-batch and re-run the same batch "
+               "(then checkpoint every stage, then AMP); off = stop with the memory table."),
+      bool_key("memory.allow_amp", [](Config& c) -> bool& { return c.memory.allow_amp; },
+               "Let the governor switch mixed precision on when a micro-batch of 1 with every stage "
+               "checkpointed still does not fit."),
+      int_key<int64_t>("memory.grow_after", [](Config& c) -> int64_t& { return c.memory.grow_after; }, 0, int64_t{1} << 40,
+                       "Optimizer steps without memory pressure after which a micro-batch the governor shrank "
+                       "doubles back (up to the loader batch); 0 = never."),
+      int_key<int64_t>("memory.max_split_size_mb", [](Config& c) -> int64_t& { return c.memory.max_split_size_mb; }, 0,
+                       int64_t{1} << 30,
+                       "CUDA allocator: blocks above this size are not split (less fragmentation); 0 = default."),
+      double_key("memory.garbage_collection_threshold",
+                 [](Config& c) -> double& { return c.memory.garbage_collection_threshold; }, 0, 0.999,
+                 "CUDA allocator: reclaim unused cached blocks once this share of the budget is reserved; 0 = off."),
+      bool_key("memory.expandable_segments", [](Config& c) -> bool& { return c.memory.expandable_segments; },
+               "CUDA allocator: segments that grow in place instead of new blocks (LibTorch 2.1+; less "
+               "fragmentation with changing shapes such as multi-scale)."),
       // loss
       double_key("loss.box", [](Config& c) -> double& { return c.loss.box; }, 0, 1000,
                  "Box loss gain; auto = 7.5 for YOLOv8 (CIoU), 0.05 for YOLOv5.", true),

@@ -78,6 +78,25 @@ std::string nearest_match(std::string_view word, const std::vector<std::string>&
   return best_d <= limit ? best : std::string();
 }
 
+std::optional<double> parse_bytes(std::string_view text) {
+  const std::string s = to_lower(trim(text));
+  static const std::pair<const char*, double> units[] = {
+      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+      {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}, {"k", 1024.0}, {"m", 1048576.0},
+      {"g", 1073741824.0}, {"t", 1099511627776.0}, {"b", 1.0}};
+  double scale = 1;
+  std::string_view number = s;
+  for (const auto& [suffix, factor] : units)
+    if (ends_with(s, suffix)) {
+      number = std::string_view(s).substr(0, s.size() - std::char_traits<char>::length(suffix));
+      scale = factor;
+      break;
+    }
+  const std::optional<double> v = parse_double(number);
+  if (!v || !(*v >= 0)) return std::nullopt;
+  return *v * scale;
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

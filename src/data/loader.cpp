@@ -112,6 +112,17 @@ Loader::Pending& Loader::pending_for(int64_t batch) {
 }
 
 void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {  // adds this slot's time to the stats however it ends
+    Loader& l;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(l.mutex_);
+      l.stats_.decode_seconds += s;
+      ++l.stats_.images;
+    }
+  } timed{*this, t0};
   const int64_t n = static_cast<int64_t>(order_.size());
   const size_t slot_bytes = size_t(3) * options_.imgsz() * options_.imgsz();
   uint8_t* dst = p.batch.images.data_ptr<uint8_t>() + size_t(slot) * slot_bytes;

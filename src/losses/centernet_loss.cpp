@@ -79,6 +79,7 @@ class CenterNetLoss : public DetectionLoss {
  public:
   CenterNetLoss(const models::DetectorInfo& info, const LossOptions& o) : info_(info), o_(o) {}
 
+  bool sums_over_images() const override { return false; }  // normalised by the positives, as TF
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t) override {
     const auto& heat = outputs.at("heatmap");
     const auto& size = outputs.at("size");

@@ -27,7 +27,18 @@ CountingCpuAllocator& CountingCpuAllocator::install() {
   return *instance;
 }
 
+void CountingCpuAllocator::inject_oom_after(int64_t n) {
+  inject_thread_.store(std::this_thread::get_id());
+  inject_countdown_.store(n);
+}
+
 c10::DataPtr CountingCpuAllocator::allocate(size_t n) HEADROOM_ALLOCATE_CONST {
+  if (inject_countdown_.load() > 0 && std::this_thread::get_id() == inject_thread_.load() &&
+      inject_countdown_.fetch_sub(1) == 1) {
+    ooms_.fetch_add(1);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: injected failure of a ", format_bytes(double(n)),
+                     " allocation (Headroom's counting CPU allocator)");
+  }
   const int64_t now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
   const int64_t limit = limit_.load();
   if (limit > 0 && now > limit) {

@@ -211,6 +211,7 @@ std::vector<at::Tensor> DetectorImpl::gather(const std::vector<int>& from, const
 void DetectorImpl::run_rows(int begin, int end, std::vector<std::vector<at::Tensor>>& values, const at::Tensor& image) {
   for (int i = begin; i <= end; ++i) {
     values[size_t(i)] = rows_[size_t(i)].layer->forward(gather(rows_[size_t(i)].from, values, image));
+    if (row_observer_) row_observer_(i);
     for (int j : rows_[size_t(i)].from)  // free what nothing later reads
       if (j >= 0 && last_use_[size_t(j)] == i) values[size_t(j)].clear();
   }
@@ -273,8 +274,40 @@ void DetectorImpl::set_activation_checkpointing(CheckpointMode mode) {
   for (auto& r : rows_)
     if (r.layer->has_internal_checkpointing()) r.layer->set_checkpointing(mode);
   head_->set_checkpointing(mode);
-  if (mode == CheckpointMode::off) return;
+  if (mode == CheckpointMode::off || mode == CheckpointMode::auto_) return;  // auto: the planner decides per size
   auto has_params = [&](int i) { return !rows_[size_t(i)].layer->parameters().empty(); };
+  auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_checkpointing(); };
+  for (const auto& [b, e] : segment_ranges(mode)) {
+    Segment s;
+    s.begin = b, s.end = e;
+    bool params = false;
+    for (int i = b; i <= e; ++i) params = params || has_params(i);
+    s.checkpointed = params && !(b == e && internal(b));
+    for (int i = b; i <= e; ++i) {
+      for (int j : rows_[size_t(i)].from)
+        if ((j < b) && std::find(s.inputs.begin(), s.inputs.end(), j) == s.inputs.end()) s.inputs.push_back(j);
+      if (last_use_[size_t(i)] > e) s.outputs.push_back(i);
+    }
+    segments_.push_back(s);
+  }
+}
+
+void DetectorImpl::set_checkpointed_stages(const std::vector<bool>& on) {
+  if (std::none_of(on.begin(), on.end(), [](bool b) { return b; })) {
+    set_activation_checkpointing(CheckpointMode::off);
+    return;
+  }
+  set_activation_checkpointing(CheckpointMode::stages);
+  TORCH_CHECK(on.size() == segments_.size(), "checkpoint plan for ", on.size(), " stages; the model has ", segments_.size());
+  for (size_t i = 0; i < on.size(); ++i) {
+    Segment& s = segments_[i];
+    s.checkpointed = s.checkpointed && on[i];
+    if (!on[i] && s.begin == s.end && rows_[size_t(s.begin)].layer->has_internal_checkpointing())
+      rows_[size_t(s.begin)].layer->set_checkpointing(CheckpointMode::off);
+  }
+}
+
+std::vector<std::pair<int, int>> DetectorImpl::segment_ranges(CheckpointMode mode) const {
   auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_checkpointing(); };
   // Segment boundaries: every row for `all`; for `stages`, where the stride changes (a
   // downsampling conv, an upsample), and around layers that checkpoint themselves.
@@ -289,19 +322,18 @@ void DetectorImpl::set_activation_checkpointing(CheckpointMode mode) {
     else
       ranges.back().second = i;
   }
-  for (const auto& [b, e] : ranges) {
-    Segment s;
-    s.begin = b, s.end = e;
-    bool params = false;
-    for (int i = b; i <= e; ++i) params = params || has_params(i);
-    s.checkpointed = params && !(b == e && internal(b));
-    for (int i = b; i <= e; ++i) {
-      for (int j : rows_[size_t(i)].from)
-        if ((j < b) && std::find(s.inputs.begin(), s.inputs.end(), j) == s.inputs.end()) s.inputs.push_back(j);
-      if (last_use_[size_t(i)] > e) s.outputs.push_back(i);
-    }
-    segments_.push_back(s);
+  return ranges;
+}
+
+std::vector<StageSpan> DetectorImpl::stages() const {
+  std::vector<StageSpan> out;
+  for (const auto& [b, e] : segment_ranges(CheckpointMode::stages)) {
+    StageSpan s{b, e, row_strides_[size_t(e)], ""};
+    s.name = (b == e ? "row " + std::to_string(b) : "rows " + std::to_string(b) + "-" + std::to_string(e)) + " " +
+             summary_[size_t(b)].module + (b == e ? "" : "..") + " (stride " + std::to_string(s.stride) + ")";
+    out.push_back(std::move(s));
   }
+  return out;
 }
 
 int64_t DetectorImpl::parameter_count(bool trainable_only) const {

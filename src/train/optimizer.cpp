@@ -57,6 +57,16 @@ std::vector<at::Tensor> Optimizer::grads() const {
   return out;
 }
 
+std::vector<at::Tensor> Optimizer::state_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const auto& s : state_) {
+    out.insert(out.end(), s.buf1.begin(), s.buf1.end());
+    out.insert(out.end(), s.buf2.begin(), s.buf2.end());
+    out.push_back(s.step);
+  }
+  return out;
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.mutable_grad().reset();
@@ -116,36 +126,38 @@ void Optimizer::step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& par
 }
 
 void Optimizer::step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads) {
+  // Everything that allocates comes first, then in-place commits that allocate nothing: an
+  // out-of-memory error leaves parameters and state untouched, so the governor can re-run the step.
   const double lr = g.lr, wd = g.weight_decay, m = g.momentum;
   if (options_.kind() == OptimizerKind::sgd) {
     std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params, wd) : grads;
+    std::vector<at::Tensor> buf;
     if (m != 0) {
-      at::_foreach_mul_(s.buf1, m);
-      at::_foreach_add_(s.buf1, d);
-      d = options_.nesterov() ? at::_foreach_add(d, s.buf1, m) : s.buf1;
+      buf = at::_foreach_mul(s.buf1, m);
+      at::_foreach_add_(buf, d);
+      d = options_.nesterov() ? at::_foreach_add(d, buf, m) : buf;
     }
+    for (size_t j = 0; j < buf.size(); ++j) s.buf1[j].copy_(buf[j]);
     at::_foreach_add_(params, d, -lr);
     s.step.add_(1);
     return;
   }
-  s.step.add_(1);
-  const double t = s.step.item<double>();
+  const double t = s.step.item<double>() + 1;
   const double beta2 = options_.beta2();
-  std::vector<at::Tensor> d = grads;
-  if (options_.kind() == OptimizerKind::adamw) {
-    if (wd != 0) at::_foreach_mul_(params, 1 - lr * wd);
-  } else if (wd != 0) {
-    d = at::_foreach_add(grads, params, wd);
-  }
-  at::_foreach_mul_(s.buf1, m);
-  at::_foreach_add_(s.buf1, d, 1 - m);
-  at::_foreach_mul_(s.buf2, beta2);
-  at::_foreach_addcmul_(s.buf2, d, d, 1 - beta2);
+  const bool decoupled = options_.kind() == OptimizerKind::adamw;
+  const std::vector<at::Tensor> d = (!decoupled && wd != 0) ? at::_foreach_add(grads, params, wd) : grads;
+  std::vector<at::Tensor> b1 = at::_foreach_mul(s.buf1, m);
+  at::_foreach_add_(b1, d, 1 - m);
+  std::vector<at::Tensor> b2 = at::_foreach_mul(s.buf2, beta2);
+  at::_foreach_addcmul_(b2, d, d, 1 - beta2);
   const double bc1 = 1 - std::pow(m, t), bc2 = 1 - std::pow(beta2, t);
-  std::vector<at::Tensor> denom = at::_foreach_sqrt(s.buf2);
+  std::vector<at::Tensor> denom = at::_foreach_sqrt(b2);
   at::_foreach_div_(denom, std::sqrt(bc2));
   at::_foreach_add_(denom, options_.eps());
-  at::_foreach_addcdiv_(params, s.buf1, denom, -lr / bc1);
+  for (size_t j = 0; j < b1.size(); ++j) s.buf1[j].copy_(b1[j]), s.buf2[j].copy_(b2[j]);
+  if (decoupled && wd != 0) at::_foreach_mul_(params, 1 - lr * wd);
+  at::_foreach_addcdiv_(params, b1, denom, -lr / bc1);
+  s.step.add_(1);
 }
 
 void Optimizer::save(torch::serialize::OutputArchive& archive) const {

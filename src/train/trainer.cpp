@@ -17,6 +17,7 @@
 #include "headroom/core/json.h"
 #include "headroom/core/logging.h"
 #include "headroom/eval/validate.h"
+#include "headroom/memory/monitor.h"
 #include "headroom/models/weights.h"
 
 namespace headroom::train {
@@ -34,15 +35,23 @@ at::Tensor scalar_on(c10::Device device) { return at::zeros({}, at::TensorOption
 }  // namespace
 
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
+  return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
+}
+
+std::shared_ptr<const data::Split> load_val_split(const Config& c) {
+  if (data::read_data_yaml(c.data.dataset).split("val")) return std::make_shared<const data::Split>(data::load_split(c, "val"));
+  spdlog::warn("{}: no val split; the run trains without validation and best.pt", c.data.dataset);
+  return nullptr;
+}
+
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
+                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val) {
   TrainerParts p;
   p.config = c;
   p.device = device;
   p.run_dir = run_dir;
-  p.train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
-  if (data::read_data_yaml(c.data.dataset).split("val"))
-    p.val_split = std::make_shared<const data::Split>(data::load_split(c, "val"));
-  else
-    spdlog::warn("{}: no val split; the run trains without validation and best.pt", c.data.dataset);
+  p.train_split = std::move(train);
+  p.val_split = std::move(val);
   const int64_t nc = int64_t(p.train_split->names.size());
   at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
   p.model = models::build_detector(c, nc);
@@ -103,18 +112,7 @@ void Trainer::train() {
   const int64_t first_step = state_.step;
   if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, state_.batch);
   while (!state_.stop && state_.step < total_steps_) {
-    try {
-      run_step();
-    } catch (const c10::OutOfMemoryError& e) {
-      bool handled = false;
-      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e); });
-      if (!handled)
-        throw Error("out of memory in optimizer step " + std::to_string(state_.step + 1) + " (micro-batch " +
-                    std::to_string(config_.train.batch) + " at " + std::to_string(config_.data.imgsz) +
-                    " px); the last checkpoint is intact. Lower train.batch (accumulation keeps train.nominal_batch), "
-                    "use train.amp, or memory.activation_checkpointing=stages. " + e.what_without_backtrace());
-      continue;
-    }
+    run_step();
     each_hook([&](Hook& h) { h.after_step(*this); });
     if (state_.batch >= nb) end_epoch();
   }
@@ -134,44 +132,132 @@ void Trainer::run_step() {
   const auto t0 = std::chrono::steady_clock::now();
   each_hook([&](Hook& h) { h.before_step(*this); });
   const int64_t nb = loader_->batches_per_epoch();
-  for (int64_t micro = 0; micro < accumulate_ && state_.batch < nb; ++micro) {
+  std::vector<data::HostBatch> batches;  // kept until the step succeeds: an OOM re-runs the same images
+  for (int64_t k = 0; k < accumulate_ && state_.batch + k < nb; ++k) {
     std::optional<data::HostBatch> batch = loader_->next();
-    if (!batch) throw Error("the loader ended epoch " + std::to_string(state_.epoch) + " early at batch " + std::to_string(state_.batch));
+    if (!batch)
+      throw Error("the loader ended epoch " + std::to_string(state_.epoch) + " early at batch " + std::to_string(state_.batch + k));
     data_wait_ += batch->wait_seconds;
-    forward_backward(*batch);
-    ++state_.batch;
-    state_.images += batch->size();
+    batches.push_back(std::move(*batch));
   }
-  optimizer_step();
+  // What an attempt changes besides the gradients: BatchNorm statistics and the loss sums.
+  std::vector<at::Tensor> buffers;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& b : model_->buffers()) buffers.push_back(b.clone());
+  }
+  const at::Tensor loss_sum = loss_sum_;
+  const int64_t micro_since_read = micro_since_read_;
+  for (;;) {
+    try {
+      step_on(batches);
+      break;
+    } catch (const c10::Error& e) {
+      if (!memory::is_out_of_memory(e)) throw;
+      undo_attempt(buffers, loss_sum, micro_since_read);
+      bool handled = false;
+      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e, OomSite::train_step); });
+      if (!handled)
+        throw Error("out of memory in optimizer step " + std::to_string(state_.step + 1) + " (micro-batch " +
+                    std::to_string(micro_batch()) + " at " + std::to_string(config_.data.imgsz) +
+                    " px); the last checkpoint is intact. Lower train.batch (accumulation keeps train.nominal_batch), "
+                    "use train.amp, memory.activation_checkpointing=stages, or leave memory.governor on. " +
+                    e.what_without_backtrace());
+    }
+  }
+  for (const auto& b : batches) state_.images += b.size();
+  state_.batch += int64_t(batches.size());
   ++state_.step;
   step_seconds_ = seconds_since(t0);
 }
 
-void Trainer::forward_backward(const data::HostBatch& batch) {
-  // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
-  // augmentation with per-image parameters drawn there.
-  at::Tensor x;  // [B, 3, S, S] float in [0, 1]
-  losses::Targets targets;
-  if (augmenter_) {
-    const augment::Batch a = (*augmenter_)(batch, device_);
-    x = a.images;
-    targets = losses::make_targets(a.boxes, a.classes, a.crowd);
-    if (!first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
-  } else {
-    x = eval::model_input(batch.images, device_);
-    targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
-    if (!first_batch_) first_batch_ = batch;
+void Trainer::undo_attempt(const std::vector<at::Tensor>& buffers, const at::Tensor& loss_sum, int64_t micro_since_read) {
+  at::NoGradGuard no_grad;
+  optimizer_->zero_grad();
+  const std::vector<at::Tensor> live = model_->buffers();
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(buffers[i]);
+  loss_sum_ = loss_sum;
+  micro_since_read_ = micro_since_read;
+}
+
+int64_t Trainer::micro_batch() const {
+  const int64_t b = config_.train.batch;
+  return state_.micro_batch > 0 ? std::min(state_.micro_batch, b) : b;
+}
+
+void Trainer::set_activation_checkpointing(CheckpointMode mode) { model_->set_activation_checkpointing(mode); }
+
+bool Trainer::enable_amp() {
+  if (amp_ != AmpMode::off) return false;
+  Config c = config_;
+  c.train.amp = AmpMode::auto_;
+  const AmpMode m = device_.is_cuda() ? resolve_amp(c, device_) : AmpMode::bf16;
+  amp_ = m == AmpMode::off ? AmpMode::bf16 : m;
+  if (amp_ == AmpMode::fp16 && !scaler_) scaler_ = std::make_unique<LossScaler>(device_);
+  return true;
+}
+
+void Trainer::record_memory_decision(std::string action, std::string reason) {
+  spdlog::warn("memory governor, step {}: {} ({})", state_.step + 1, action, reason);
+  state_.memory_decisions.push_back(MemoryDecision{state_.step + 1, std::move(action), std::move(reason)});
+}
+
+void Trainer::step_on(const std::vector<data::HostBatch>& batches) {
+  for (const data::HostBatch& batch : batches) {
+    // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
+    // augmentation with per-image parameters drawn there (the same draws on a re-run).
+    at::Tensor x;  // [B, 3, S, S] float in [0, 1]
+    losses::Targets targets;
+    if (augmenter_) {
+      const augment::Batch a = (*augmenter_)(batch, device_);
+      x = a.images;
+      targets = losses::make_targets(a.boxes, a.classes, a.crowd);
+      if (!first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
+    } else {
+      x = eval::model_input(batch.images, device_);
+      targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
+      if (!first_batch_) first_batch_ = batch;
+    }
+    phase("input");
+    const int64_t n = x.size(0), m = micro_batch();
+    if (planner_ && model_->activation_checkpointing() != CheckpointMode::all) {
+      std::vector<bool> plan = planner_(x.size(2), std::min(m, n));
+      if (plan != plan_) {
+        model_->set_checkpointed_stages(plan);
+        plan_ = std::move(plan);
+      }
+    }
+    for (int64_t start = 0; start < n; start += m) {
+      const int64_t len = std::min(m, n - start);
+      const double weight = loss_->sums_over_images() ? 1.0 : double(len) / double(n);
+      if (len == n) {
+        forward_backward(x, targets, weight);
+      } else {
+        const losses::Targets part{targets.boxes.narrow(0, start, len), targets.classes.narrow(0, start, len),
+                                   targets.mask.narrow(0, start, len)};
+        forward_backward(x.narrow(0, start, len), part, weight);
+      }
+    }
   }
+  optimizer_step();
+  phase("optimizer");
+}
+
+void Trainer::forward_backward(const at::Tensor& x, const losses::Targets& targets, double weight) {
   losses::LossTerms terms;
   {
     AutocastGuard autocast(device_.type(), amp_dtype(amp_));
     models::HeadOutputs out = model_->forward(x);
+    phase("forward");
     for (auto& [name, levels] : out)  // the loss works in fp32 on the (autocast) head outputs
       for (auto& level : levels) level = level.to(at::kFloat);
     terms = (*loss_)(out, targets);
   }
-  const at::Tensor total = terms.total.to(at::kFloat);
+  phase("loss");
+  at::Tensor total = terms.total.to(at::kFloat);
+  if (weight != 1.0) total = total * weight;
   (scaler_ ? scaler_->scale(total) : total).backward();
+  phase("backward");
 
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> items;
@@ -220,10 +306,25 @@ StepCounters& Trainer::read_counters() {
 std::optional<eval::CocoStats> Trainer::validate() {
   if (!val_split_) return std::nullopt;
   models::DetectorImpl& m = eval_model();
-  const eval::ValidationResult r = eval::validate(m, val_split_, eval::validate_options(config_, *val_split_, m.info(), device_));
-  last_metrics_ = r.stats;
+  std::optional<eval::ValidationResult> r;
+  while (!r) {
+    eval::ValidateOptions o = eval::validate_options(config_, *val_split_, m.info(), device_);
+    if (state_.val_batch > 0) o.loader.batch(int(std::min<int64_t>(state_.val_batch, o.loader.batch())));
+    try {
+      r = eval::validate(m, val_split_, o);
+    } catch (const c10::Error& e) {
+      if (!memory::is_out_of_memory(e)) throw;
+      if (state_.val_batch == 0) state_.val_batch = o.loader.batch();
+      bool handled = false;
+      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e, OomSite::validation); });
+      if (!handled)
+        throw Error("out of memory in validation (batch " + std::to_string(o.loader.batch()) + "); the last checkpoint is intact. " +
+                    e.what_without_backtrace());
+    }
+  }
+  last_metrics_ = r->stats;
   state_.last_eval_step = state_.step;
-  return r.stats;
+  return r->stats;
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
@@ -261,6 +362,21 @@ void Trainer::save_checkpoint(const std::string& path) {
   meta["total_steps"] = total_steps_;
   meta["shuffle_seed"] = config_.seed;
   meta["config"] = config_to_yaml(config_);
+  Json mem = Json::object();
+  mem["micro_batch"] = state_.micro_batch;
+  mem["val_batch"] = state_.val_batch;
+  mem["activation_checkpointing"] = to_string(model_->activation_checkpointing());
+  mem["amp"] = to_string(amp_);
+  Json decisions = Json::array();
+  for (const auto& d : state_.memory_decisions) {
+    Json j = Json::object();
+    j["step"] = d.step;
+    j["action"] = d.action;
+    j["reason"] = d.reason;
+    decisions.push_back(std::move(j));
+  }
+  mem["decisions"] = std::move(decisions);
+  meta["memory"] = std::move(mem);
   ck.write("meta", c10::IValue(meta.dump()));
   root.write("checkpoint", ck);
   models::save_archive_atomic(root, path);
@@ -297,6 +413,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   torch::serialize::InputArchive root;
   Json meta;
   torch::serialize::InputArchive ck = open_checkpoint(path, device_, root, meta);
+  if (const Json* mem = meta.find("memory")) restore_memory_state(*mem);
   try {
     torch::serialize::InputArchive model, optim;
     ck.read("model", model);
@@ -330,6 +447,22 @@ void Trainer::load_checkpoint(const std::string& path) {
   state_.last_eval_step = meta_int(meta, "last_eval_step");
   model_->train();
   spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps_);
+}
+
+void Trainer::restore_memory_state(const Json& mem) {
+  state_.micro_batch = int64_t(mem.find("micro_batch")->as_number());
+  state_.val_batch = int64_t(mem.find("val_batch")->as_number());
+  const std::string ckpt = mem.find("activation_checkpointing")->as_string(), amp = mem.find("amp")->as_string();
+  for (CheckpointMode m : {CheckpointMode::off, CheckpointMode::stages, CheckpointMode::all})
+    if (ckpt == to_string(m) && m != model_->activation_checkpointing()) model_->set_activation_checkpointing(m);
+  if (amp != to_string(amp_)) enable_amp();
+  state_.memory_decisions.clear();
+  for (const Json& d : mem.find("decisions")->items())
+    state_.memory_decisions.push_back(
+        MemoryDecision{int64_t(d.find("step")->as_number()), d.find("action")->as_string(), d.find("reason")->as_string()});
+  if (!state_.memory_decisions.empty())
+    spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, activation checkpointing {}, amp {}",
+                 state_.memory_decisions.size(), micro_batch(), ckpt, to_string(amp_));
 }
 
 std::string checkpoint_config_yaml(const std::string& path) {

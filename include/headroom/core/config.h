@@ -17,7 +17,7 @@ enum class OnError { skip, fail };
 // memory.activation_checkpointing: which segments are recomputed in backward.
 //   stages: coarse (YOLO: backbone and neck stages; Hourglass: one segment per stack)
 //   all:    fine (YOLO: every layer with parameters; Hourglass: every block sequence of every level)
-enum class CheckpointMode { off, stages, all };
+enum class CheckpointMode { off, stages, all, auto_ };
 enum class OptimizerKind { sgd, adam, adamw };
 // linear / cosine: from lr0 to lr0 * lrf over the run; manual: TF OD API manual_step_learning_rate.
 enum class LrSchedule { linear, cosine, manual };
@@ -107,8 +107,24 @@ struct AugmentConfig {
   TfFactor random_adjust_contrast, random_adjust_saturation;
 };
 
+// The memory budget a run must stay under: `auto` (the device's free memory), bytes, or a
+// fraction of the device's total memory.
+struct MemoryBudgetSpec {
+  enum class Kind { automatic, bytes, fraction } kind = Kind::automatic;
+  double value = 0;  // bytes, or the fraction (0, 1]
+};
+
 struct MemoryConfig {
   CheckpointMode activation_checkpointing = CheckpointMode::off;
+  MemoryBudgetSpec budget;
+  double headroom = 0.10;            // share of the budget kept free (fragmentation, crowded batches)
+  bool governor = true;              // recover from out-of-memory errors by splitting the batch further
+  bool allow_amp = true;             // the governor's last resort may switch mixed precision on
+  int64_t grow_after = 0;            // optimizer steps without pressure before the micro-batch doubles back; 0 = never
+  // CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF), applied before the first CUDA allocation.
+  int64_t max_split_size_mb = 0;     // 0 = the allocator's default (no limit)
+  double garbage_collection_threshold = 0;  // 0 = off
+  bool expandable_segments = false;  // LibTorch 2.1+
 };
 
 // Loss gains and assignment settings (Ultralytics names for YOLO, TF OD API names for CenterNet).
@@ -139,7 +155,8 @@ struct EvalConfig {
 
 // Defaults are Ultralytics' (SGD, lr0 0.01, lrf 0.01, momentum 0.937, warmup 3 epochs).
 struct TrainConfig {
-  int batch = 16;                   // micro-batch the loader collates
+  int batch = 16;                   // images the loader collates per batch
+  bool batch_auto = false;          // `train.batch: auto`: the largest batch that fits memory.budget
   int nominal_batch = 64;           // images summed per optimizer step (accumulation)
   int epochs = 100;
   int64_t steps = 0;                // optimizer steps; > 0 overrides epochs (TF OD API num_steps)

@@ -23,6 +23,9 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `word`, or "" when none is plausibly what was meant.
 std::string nearest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// "8GiB", "512 MiB", "8GB" (decimal), "8e9" (bytes); nullopt when it is not a size.
+std::optional<double> parse_bytes(std::string_view s);
+
 // "1.5 GiB", "512 B": binary units, 3 significant digits.
 std::string format_bytes(double bytes);
 

@@ -46,6 +46,8 @@ struct LoaderStats {
   double wait_seconds = 0;      // consumer time blocked in next()
   double max_wait_seconds = 0;
   int64_t skipped_images = 0;   // decode failures replaced by the next image in the order
+  double decode_seconds = 0;    // time the decode threads spent filling slots (decode or cache copy)
+  int64_t images = 0;           // slots filled
 };
 
 class Loader {
@@ -63,6 +65,8 @@ class Loader {
 
   const LoaderOptions& options() const { return options_; }
   LoaderStats stats() const;
+  // Decode threads from the next start() on (data.workers: auto adjusts them between epochs).
+  void set_workers(int workers) { options_.workers(workers); }
   const DecodedCache* cache() const { return cache_.get(); }
   // The epoch's order of sample indices (a fresh shuffle per epoch, from the seed).
   static std::vector<int64_t> epoch_order(int64_t n, int64_t seed, int64_t epoch, bool shuffle);

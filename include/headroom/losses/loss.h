@@ -39,6 +39,9 @@ class DetectionLoss {
  public:
   virtual ~DetectionLoss() = default;
   virtual LossTerms operator()(const models::HeadOutputs& outputs, const Targets& targets) = 0;
+  // true: `total` sums over the batch's images (Ultralytics scale), so the totals of a batch's
+  // parts add up to the whole; false: it is a mean (TF OD API), and a part weighs by its share.
+  virtual bool sums_over_images() const { return true; }
 };
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options);

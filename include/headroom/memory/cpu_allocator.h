@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <thread>
 
 #include "headroom/core/torch_compat.h"
 
@@ -30,6 +31,10 @@ class CountingCpuAllocator final : public c10::Allocator {
   // 0 = no limit. An allocation that would take `current` above the limit throws.
   void set_limit(int64_t bytes) { limit_.store(bytes); }
   int64_t limit() const { return limit_.load(); }
+  // Fault injection: the n-th allocation from now made by the calling thread throws
+  // c10::OutOfMemoryError, once (0 disarms). Tests and benchmarks use it to strike an OOM at
+  // an exact point of a step.
+  void inject_oom_after(int64_t n);
 
  private:
   CountingCpuAllocator() = default;
@@ -37,6 +42,8 @@ class CountingCpuAllocator final : public c10::Allocator {
 
   mutable std::atomic<int64_t> current_{0}, peak_{0}, ooms_{0};
   std::atomic<int64_t> limit_{0};
+  mutable std::atomic<int64_t> inject_countdown_{0};
+  std::atomic<std::thread::id> inject_thread_{};
 };
 
 }  // namespace headroom::memory

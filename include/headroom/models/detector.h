@@ -9,6 +9,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,14 @@ class HeadImpl : public torch::nn::Module {
   virtual void set_checkpointing(CheckpointMode) {}
 };
 
+// A run of rows between stride changes: the unit `activation_checkpointing: stages` recomputes
+// and the memory estimator reports.
+struct StageSpan {
+  int begin = 0, end = 0;  // rows [begin, end]
+  int64_t stride = 1;      // of its last row's output
+  std::string name;        // "rows 2-3 C2f.. (stride 4)"
+};
+
 struct ModelSpec {
   std::string file;          // model YAML; "yolov8s.yaml" means scale s of yolov8.yaml
   std::string text;          // the YAML itself (weights files carry it); when set, `file` only names it
@@ -94,7 +103,15 @@ class DetectorImpl : public torch::nn::Module {
   // scaled by area).
   double gflops(int64_t size);
 
+  std::vector<StageSpan> stages() const;
+  // Called after each row's forward with the row index (the memory estimator reads its
+  // allocator there); empty = none.
+  void set_row_observer(std::function<void(int)> f) { row_observer_ = std::move(f); }
+
   void set_activation_checkpointing(CheckpointMode mode);
+  // Checkpoints exactly the stages marked (one flag per stages() entry): the planner's choice for
+  // one input size. All false is `off`, all true is `stages`.
+  void set_checkpointed_stages(const std::vector<bool>& on);
   CheckpointMode activation_checkpointing() const { return checkpointing_; }
   // Folds every BatchNorm into its convolution (inference only; outputs equal within 1e-5).
   void fuse();
@@ -119,6 +136,7 @@ class DetectorImpl : public torch::nn::Module {
   // Runs rows [begin, end], freeing every output after its last reader.
   void run_rows(int begin, int end, std::vector<std::vector<at::Tensor>>& values, const at::Tensor& image);
   size_t rows_output_count(int row) const;
+  std::vector<std::pair<int, int>> segment_ranges(CheckpointMode mode) const;
 
   std::vector<Row> rows_;
   std::vector<int> head_from_;
@@ -133,6 +151,7 @@ class DetectorImpl : public torch::nn::Module {
   CheckpointMode checkpointing_ = CheckpointMode::off;
   std::vector<Segment> segments_;
   bool channels_last_ = false;
+  std::function<void(int)> row_observer_;
 };
 TORCH_MODULE(Detector);
 

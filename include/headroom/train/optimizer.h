@@ -51,6 +51,7 @@ class Optimizer {
   const OptimizerOptions& options() const { return options_; }
   bool fused() const { return fused_; }
   std::vector<at::Tensor> grads() const;  // defined gradients of every group
+  std::vector<at::Tensor> state_tensors() const;  // momentum / moment buffers and step counters
 
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);

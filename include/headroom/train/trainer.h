@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ namespace headroom::train {
 
 class Trainer;
 
+// Where an out-of-memory error struck.
+enum class OomSite { train_step, validation };
+
 class Hook {
  public:
   virtual ~Hook() = default;
@@ -38,8 +42,17 @@ class Hook {
   virtual void after_step(Trainer&) {}
   virtual void after_epoch(Trainer&) {}
   virtual void after_train(Trainer&) {}
-  // An out-of-memory error inside a step; return true when handled (the step is re-run).
-  virtual bool on_oom(Trainer&, const c10::Error&) { return false; }
+  // An out-of-memory error in a training step (its graph, gradients and BatchNorm updates are
+  // already undone) or a validation pass; return true when handled: the same step (or the
+  // validation) runs again, with whatever the hook changed (micro-batch, checkpointing, AMP).
+  virtual bool on_oom(Trainer&, const c10::Error&, OomSite) { return false; }
+};
+
+// A change the memory governor made, with its reason; saved in checkpoints.
+struct MemoryDecision {
+  int64_t step = 0;
+  std::string action;  // "micro_batch 8 -> 4", "activation_checkpointing all", "amp bf16", ...
+  std::string reason;
 };
 
 // Where the run stands; all of it goes into checkpoints.
@@ -54,6 +67,11 @@ struct TrainState {
   bool stop = false;          // a hook asks the loop to end after this step
   int exit_code = 0;          // what `trainer train` returns when a hook stopped the run
   std::string stop_reason;
+  // Memory: images per forward/backward (0 = the whole loader batch) and per validation batch
+  // (0 = the loader's), and what the governor decided.
+  int64_t micro_batch = 0;
+  int64_t val_batch = 0;
+  std::vector<MemoryDecision> memory_decisions;
 };
 
 // Device-side counters, read back at most once per step when a hook asks (a host sync).
@@ -76,6 +94,11 @@ struct TrainerParts {
   std::unique_ptr<losses::DetectionLoss> loss;  // null = the model family's loss from the config
 };
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir);
+// The config's val split, or null (with a warning) when the data set has none.
+std::shared_ptr<const data::Split> load_val_split(const Config& c);
+// The same with the splits already loaded (val may be null).
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
+                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val);
 
 class Trainer {
  public:
@@ -85,8 +108,21 @@ class Trainer {
   void register_hook(std::unique_ptr<Hook> hook) { hooks_.push_back(std::move(hook)); }
   // Runs until the step budget is spent or a hook stops it.
   void train();
-  // One optimizer step: accumulate micro-batches (at most `accumulate`, fewer at an epoch end).
+  // One optimizer step: accumulate loader batches (at most `accumulate`, fewer at an epoch end).
+  // An out-of-memory error undoes the attempt and asks the hooks (the governor), which may
+  // re-split the same batches; the step then runs again on them.
   void run_step();
+  // The step's body on given loader batches: each is moved to the device, augmented, split into
+  // micro-batches (forward, loss, backward each), then one optimizer step. The memory estimator
+  // probes with it.
+  void step_on(const std::vector<data::HostBatch>& batches);
+  // Phases of step_on, for the memory estimator: "input", "forward", "loss", "backward",
+  // "optimizer" (called after each).
+  void set_phase_observer(std::function<void(const char*)> f) { phase_observer_ = std::move(f); }
+  // memory.activation_checkpointing: auto — which stages to checkpoint for an input size and
+  // micro-batch (asked before each forward; the governor's `all` overrides it).
+  using CheckpointPlanFn = std::function<std::vector<bool>(int64_t size, int64_t micro_batch)>;
+  void set_checkpoint_planner(CheckpointPlanFn f) { planner_ = std::move(f); }
 
   // Checkpoints: a weights file (the EMA, or the model without EMA) that also carries the
   // training state. load restores everything; the loader restarts at the saved position.
@@ -112,6 +148,14 @@ class Trainer {
   const data::Split& train_split() const { return *train_split_; }
   const data::Split* val_split() const { return val_split_.get(); }
   AmpMode amp() const { return amp_; }
+  const losses::DetectionLoss& loss() const { return *loss_; }
+  // Images per forward/backward; at most the loader batch (the governor lowers it).
+  int64_t micro_batch() const;
+  void set_micro_batch(int64_t images) { state_.micro_batch = images; }
+  void set_activation_checkpointing(CheckpointMode mode);
+  // Switches mixed precision on (bf16 on the CPU; the device's best on CUDA); false when it was on.
+  bool enable_amp();
+  void record_memory_decision(std::string action, std::string reason);
   int64_t accumulate() const { return accumulate_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
@@ -126,7 +170,13 @@ class Trainer {
   const std::optional<eval::CocoStats>& last_metrics() const { return last_metrics_; }
 
  private:
-  void forward_backward(const data::HostBatch& batch);
+  void forward_backward(const at::Tensor& images, const losses::Targets& targets, double weight);
+  void phase(const char* name) {
+    if (phase_observer_) phase_observer_(name);
+  }
+  // Restores what a failed step attempt changed: gradients, BatchNorm statistics, loss sums.
+  void restore_memory_state(const Json& memory);
+  void undo_attempt(const std::vector<at::Tensor>& buffers, const at::Tensor& loss_sum, int64_t micro_since_read);
   void optimizer_step();
   void end_epoch();
   template <class F>
@@ -163,6 +213,9 @@ class Trainer {
   double data_wait_ = 0, step_seconds_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::optional<eval::CocoStats> last_metrics_;
+  std::function<void(const char*)> phase_observer_;
+  CheckpointPlanFn planner_;
+  std::vector<bool> plan_;  // the stages checkpointed now, by the planner
 };
 
 // The hooks `trainer train` runs, in order: schedule, EMA, non-finite guard, evaluation,

@@ -1,0 +1,134 @@
+// bench_memory: for the demo model and small YOLOv8 / Hourglass configurations on the run's
+// device (CPU here), under a memory budget: the estimator's predicted peak at the configured
+// batch against the measured peak of real training steps, the batch train.batch=auto chooses,
+// and the true largest batch found by training at each size in turn until one does not fit.
+// One JSON line per case.
+//   bench_memory [--data DIR] [--only NAME] [--device cpu]
+#include <CLI/CLI.hpp>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "headroom/core/device.h"
+#include "headroom/core/json.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/threads.h"
+#include "headroom/data/dataset.h"
+#include "headroom/data/synth.h"
+#include "headroom/memory/estimate.h"
+#include "headroom/train/trainer.h"
+
+using namespace headroom;
+
+namespace {
+
+struct Case {
+  std::string name, model;
+  int imgsz, batch;
+  double budget_mib;
+};
+
+// Peak of `steps` real training steps at `batch` (after one warm-up step) above what was in use
+// before the trainer, loader buffers included; -1 when a step runs out of memory.
+int64_t measured_peak(const Config& c, const std::shared_ptr<const data::Split>& split, memory::MemoryMonitor& m, int64_t budget,
+                      int steps) {
+  m.release_cache();
+  const int64_t base = m.sample().allocated;
+  m.set_limit(budget);
+  int64_t peak = -1;
+  try {
+    train::Trainer t(train::make_trainer_parts(c, m.device(), "", split, nullptr));
+    t.loader().start(0, 0);
+    t.run_step();
+    m.reset_peak();
+    for (int i = 0; i < steps && t.state().batch < t.loader().batches_per_epoch(); ++i) t.run_step();
+    peak = m.sample().peak_allocated - base;
+  } catch (const c10::Error& e) {
+    if (!memory::is_out_of_memory(e)) throw;
+  }
+  m.set_limit(0);
+  m.release_cache();
+  return peak;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  init_logging("warn");
+  CLI::App app{"Memory estimator, automatic batch and true largest batch"};
+  std::string data_dir = "build/bench-memory-data", only, device_spec = "cpu";
+  app.add_option("--data", data_dir, "Where the synthetic data set is written (reused when up to date)");
+  app.add_option("--only", only, "Run only the cases whose name contains this");
+  app.add_option("--device", device_spec, "cpu | cuda | cuda:N");
+  CLI11_PARSE(app, argc, argv);
+  set_intra_op_threads(AutoInt{});
+  const c10::Device device = resolve_device(device_spec, query_cuda()).device;
+  std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(device);
+
+  data::SynthOptions so;
+  so.out = data_dir;
+  so.images = 160;
+  so.size = 320;
+  so.max_objects = 12;
+  so.threads = available_cores();
+  const std::string data_yaml = data::synthesize(so).data_yaml;
+
+  const std::vector<Case> cases = {
+      {"demo_yolov8n_160", "models/yolov8n.yaml", 160, 16, 384},
+      {"yolov8n_320", "models/yolov8n.yaml", 320, 8, 768},
+      {"centernet_hg10_256", "models/centernet_hg10.yaml", 256, 8, 768},
+  };
+  for (const Case& k : cases) {
+    if (!only.empty() && k.name.find(only) == std::string::npos) continue;
+    Config c = load_config("", {"model.file=" + k.model, "data.dataset=" + data_yaml, "data.imgsz=" + std::to_string(k.imgsz),
+                                "train.batch=" + std::to_string(k.batch), "train.nominal_batch=64", "data.workers=1",
+                                "augment.mosaic=1.0", "augment.fliplr=0.5", "augment.hsv_s=0.7", "augment.scale=0.5",
+                                "augment.translate=0.1", "train.plots=false", "device=" + device.str()});
+    const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    const int64_t budget = int64_t(k.budget_mib * 1048576.0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const memory::MemoryEstimate e =
+        memory::estimate_memory(c, split, *monitor, budget, memory::EstimateOptions().all_modes(false));
+    const double estimate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t predicted = e.predicted_peak(k.batch);
+    const int64_t measured = measured_peak(c, split, *monitor, 0, 2);
+    const auto t1 = std::chrono::steady_clock::now();
+    const memory::AutoBatch a = memory::choose_batch(c, split, *monitor, budget);
+    const double auto_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    // The true largest batch: real training steps at each size until one does not fit.
+    int64_t largest = 0;
+    Json tried = Json::array();
+    for (int64_t b = 1; b <= 64; ++b) {
+      Config cb = c;
+      cb.train.batch = int(b);
+      const int64_t peak = measured_peak(cb, split, *monitor, budget, 1);
+      tried.push_back(Json(peak));
+      if (peak < 0 || peak > e.usable) break;
+      largest = b;
+    }
+    Json j = Json::object();
+    j["bench"] = "memory";
+    j["case"] = k.name;
+    j["device"] = device.str();
+    j["imgsz_max"] = e.imgsz;
+    j["label_rows"] = e.max_boxes;
+    j["batch"] = k.batch;
+    j["predicted_peak"] = predicted;
+    j["measured_peak"] = measured;
+    j["error"] = measured > 0 ? double(predicted - measured) / double(measured) : 0.0;
+    j["budget"] = budget;
+    j["usable"] = e.usable;
+    j["estimate_largest"] = e.largest_batch(e.configured());
+    j["auto_batch"] = a.batch;
+    j["auto_batch_probes"] = int64_t(a.tried.size());
+    j["true_largest"] = largest;
+    j["true_largest_peaks"] = std::move(tried);
+    j["estimate_seconds"] = estimate_s;
+    j["auto_batch_seconds"] = auto_s;
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}

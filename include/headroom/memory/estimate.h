@@ -1,0 +1,129 @@
+// The memory estimator and the automatic batch size. Both probe real training steps (forward,
+// loss at the data set's densest label count, backward, optimizer step with its state, EMA) of a
+// throwaway copy of the run on its device, at the largest input size the run will use, and fit
+// the peak linearly in the batch: peak(b) = fixed + b * per_image.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "headroom/core/config.h"
+#include "headroom/core/json.h"
+#include "headroom/data/dataset.h"
+#include "headroom/memory/governor.h"
+#include "headroom/memory/monitor.h"
+
+namespace headroom::memory {
+
+struct StageBytes {
+  std::string name;          // "rows 2-3 C2f.. (stride 4)"
+  double per_image = 0;      // activation bytes it keeps for backward, per image
+  double seconds_per_image = 0;  // its forward time (what checkpointing it costs again in backward)
+};
+
+// One precision / checkpointing setting, probed at two batch sizes.
+struct ModeEstimate {
+  std::string name;          // "fp32", "amp bf16", "amp bf16 + checkpointing"
+  AmpMode amp = AmpMode::off;
+  CheckpointMode checkpointing = CheckpointMode::off;
+  bool configured = false;   // the setting the config asks for
+  std::vector<std::pair<int64_t, int64_t>> probes;  // (batch, measured step peak)
+  // The step's peak is the larger of two phases: forward + loss + backward, linear in the batch
+  // (fixed + per_image * b), and the optimizer step + EMA update, which does not depend on it.
+  double fixed = 0;          // bytes at batch 0: StaticMemory + per-step constants
+  double per_image = 0;      // bytes per image (activations, input, loss workspace)
+  double update_peak = 0;
+  double workspace_per_image = 0, workspace_fixed = 0;  // the loss and assigner, above the forward's memory
+  int64_t allocator_overhead = 0;  // reserved - allocated at the larger probe (CUDA caching)
+  std::vector<StageBytes> stages;
+  double seconds_per_image = 0;    // step time at the larger probe, per image
+};
+
+struct MemoryEstimate {
+  std::string device;
+  int64_t budget = 0, usable = 0;
+  int64_t imgsz = 0;          // the largest input side the run uses (multi-scale)
+  int64_t max_boxes = 0;      // label rows per image in the probe (densest image, x4 mosaic, x2 mixup)
+  int64_t batch = 0;          // the configured batch
+  StaticMemory fixed;
+  int64_t nominal_batch = 0, prefetch = 0;
+  // Host-side batches the loader keeps (prefetch, plus the step's own): counted against the
+  // budget on the CPU, whose memory they share; on CUDA they are host memory.
+  bool input_buffers_on_device = false;
+  double canvas_bytes = 0;   // one loader image
+  std::vector<ModeEstimate> modes;
+
+  int64_t accumulate(int64_t batch) const;
+  int64_t input_buffers(int64_t batch) const;
+  // The peak of a training step at `batch`: the larger phase, plus the gradients the earlier
+  // micro-batches of an accumulating step keep, the input buffers and the allocator's overhead.
+  // `savings`: activation bytes a checkpoint plan frees from the forward/backward phase.
+  int64_t predicted_peak(const ModeEstimate& m, int64_t batch, double savings = 0) const;
+  int64_t predicted_peak(int64_t batch) const { return predicted_peak(configured(), batch); }
+  // The largest batch predicted to stay under `usable` (0 when not even 1).
+  int64_t largest_batch(const ModeEstimate& m) const;
+  const ModeEstimate& configured() const;
+};
+
+struct EstimateOptions {
+  // Two batch sizes; empty = half the configured batch and the configured batch (1 and 2 for a
+  // batch of 1), where the line is fitted closest to the batch that matters.
+  TORCH_ARG(std::vector<int64_t>, probe_batches) = std::vector<int64_t>{};
+  TORCH_ARG(bool, all_modes) = true;   // fp32, AMP, AMP + checkpointing; false = the configured one only
+};
+
+// Probes on `device` (the monitor's). The budget is enforced during the probes.
+MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor,
+                               int64_t budget, const EstimateOptions& o = {});
+std::string format_memory_estimate(const MemoryEstimate& e);
+Json memory_estimate_json(const MemoryEstimate& e);
+
+struct AutoBatch {
+  int64_t batch = 0;
+  std::vector<std::pair<int64_t, int64_t>> tried;  // (batch, step peak incl. input buffers; -1 = out of memory)
+  MemoryEstimate estimate;
+};
+// train.batch=auto: the largest batch (at most train.nominal_batch and the training images)
+// whose real step stays under budget * (1 - headroom): fit from the probes, then verified by
+// stepping at the chosen size and the one above. InputError with the table when 1 does not fit.
+AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget);
+
+// memory.activation_checkpointing: auto. From the per-stage activation bytes with and without
+// checkpointing and each stage's forward time, the plan for an input size and micro-batch is the
+// set of stages — best bytes saved per second of recompute first — that brings the predicted peak
+// under budget - headroom, and no more. Activations scale with the input area, so one probe at the
+// largest size serves every multi-scale size; plans are cached per (size, micro-batch).
+struct StagePlan {
+  std::vector<bool> checkpointed;  // per stage
+  int64_t predicted_peak = 0;
+  bool fits = true;                // false: even every stage checkpointed is predicted over budget
+  double recompute_seconds = 0;      // extra forward time per step of this plan
+  double recompute_all_seconds = 0;  // ... of checkpointing every stage
+  double step_seconds = 0;           // the micro-batch's step time without checkpointing
+};
+
+class CheckpointPlanner {
+ public:
+  CheckpointPlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate checkpointed);
+  const StagePlan& plan(int64_t size, int64_t micro_batch);
+  std::string describe(const StagePlan& p, int64_t size, int64_t micro_batch) const;
+  const MemoryEstimate& estimate() const { return e_; }
+
+ private:
+  MemoryEstimate e_;
+  ModeEstimate plain_, checkpointed_;
+  std::map<std::pair<int64_t, int64_t>, StagePlan> cache_;
+};
+// Probes the configured run without checkpointing and with every stage checkpointed.
+std::shared_ptr<CheckpointPlanner> make_checkpoint_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
+                                                           MemoryMonitor& monitor, int64_t budget);
+
+// The densest label count of a split (boxes of its most crowded image).
+int64_t densest_labels(const data::Split& split);
+
+}  // namespace headroom::memory

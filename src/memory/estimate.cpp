@@ -1,0 +1,511 @@
+#include "headroom/memory/estimate.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "headroom/augment/augment.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/text.h"
+#include "headroom/train/trainer.h"
+
+namespace headroom::memory {
+
+namespace {
+
+// A throwaway copy of the run (model, loss, optimizer with its state, EMA) on the run's device,
+// stepping on synthetic batches of the largest input size and the densest label count.
+class Prober {
+ public:
+  Prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, AmpMode amp)
+      : monitor_(monitor), nc_(int64_t(split->names.size())) {
+    monitor_.release_cache();
+    base_ = monitor_.sample().allocated;
+    Config pc = c;
+    pc.train.batch = 65536;  // micro-batch = whatever batch a probe passes
+    pc.train.steps = 1;
+    pc.train.amp = amp;
+    train::TrainerParts parts = train::make_trainer_parts(pc, monitor.device(), "", split, nullptr);
+    const int64_t multiple = parts.model->info().input_multiple;
+    size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).max_output_size(c.data.imgsz)
+                                        : c.data.imgsz;
+    parts.config.data.imgsz = int(size_);
+    parts.config.augment.multi_scale = 0;  // every probe at the largest size
+    rows_ = densest_labels(*split);
+    if (augment::enabled(c.augment) && c.augment.mosaic > 0) rows_ *= 4;  // a mosaic's rows: four images' boxes
+    if (augment::enabled(c.augment) && c.augment.mixup > 0) rows_ *= 2;
+    rows_ = std::max<int64_t>(rows_, 1);
+    densest_ = densest_labels(*split);
+    trainer_ = std::make_unique<train::Trainer>(std::move(parts));
+    stages_ = trainer_->model().stages();
+  }
+
+  struct Result {
+    bool fits = false;
+    int64_t peak = 0;                 // above the memory in use before the prober was built
+    int64_t step_peak = 0;            // ... during input, forward, loss and backward
+    int64_t update_peak = 0;          // ... during the optimizer step and the EMA update
+    int64_t reserved_over = 0;        // peak reserved - peak allocated
+    double workspace = 0;             // loss phase peak above the forward's end
+    std::vector<double> stage_bytes;  // kept per stage after the forward
+    std::vector<double> stage_seconds;
+    double seconds = 0;
+  };
+
+  Result step(int64_t b) {
+    Result r;
+    const data::HostBatch batch = synthetic_batch(b);
+    int64_t fb_peak = 0;  // input, forward, loss, backward
+    std::vector<int64_t> at_row(trainer_->model().stages().empty() ? 0 : size_t(stages_.back().end + 1), 0);
+    std::vector<double> time_at_row(at_row.size(), 0);
+    auto forward_start = std::chrono::steady_clock::now();
+    int64_t input_end = 0, forward_end = 0, overall = 0;
+    bool in_forward = false;
+    trainer_->model().set_row_observer([&](int row) {
+      if (in_forward && size_t(row) < at_row.size()) {
+        at_row[size_t(row)] = monitor_.sample().allocated;
+        time_at_row[size_t(row)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count();
+      }
+    });
+    trainer_->set_phase_observer([&](const char* phase) {
+      const MemoryStats s = monitor_.sample();
+      overall = std::max(overall, s.peak_allocated);
+      const std::string p = phase;
+      if (p == "input") {
+        input_end = s.allocated;
+        in_forward = true;
+        forward_start = std::chrono::steady_clock::now();
+      } else if (p == "forward" && in_forward) {
+        in_forward = false;
+        forward_end = s.allocated;
+        monitor_.reset_peak();
+      } else if (p == "loss" && r.workspace == 0) {
+        r.workspace = double(s.peak_allocated - forward_end);
+      } else if (p == "backward") {
+        fb_peak = overall;
+        monitor_.reset_peak();  // from here: the optimizer step and the EMA update
+      }
+    });
+    monitor_.release_cache();
+    monitor_.reset_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      trainer_->step_on({batch});
+      if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
+      const MemoryStats s = monitor_.sample();
+      r.fits = true;
+      r.peak = std::max(overall, s.peak_allocated) - base_;
+      r.step_peak = fb_peak - base_;
+      r.update_peak = s.peak_allocated - base_;
+      r.reserved_over = std::max<int64_t>(0, s.peak_reserved - std::max(overall, s.peak_allocated));
+    } catch (const c10::Error& e) {
+      if (!is_out_of_memory(e)) throw;
+      trainer_->optimizer().zero_grad();
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    trainer_->model().set_row_observer(nullptr);
+    trainer_->set_phase_observer(nullptr);
+    monitor_.release_cache();
+    if (r.fits) {
+      int64_t prev = input_end;
+      double prev_t = 0;
+      for (const auto& st : stages_) {
+        const int64_t now = at_row[size_t(st.end)];
+        r.stage_bytes.push_back(double(now - prev));
+        r.stage_seconds.push_back(time_at_row[size_t(st.end)] - prev_t);
+        prev = now;
+        prev_t = time_at_row[size_t(st.end)];
+      }
+    }
+    return r;
+  }
+
+  train::Trainer& trainer() { return *trainer_; }
+  int64_t size() const { return size_; }
+  int64_t rows() const { return rows_; }
+  int64_t densest() const { return densest_; }
+  const std::vector<models::StageSpan>& stages() const { return stages_; }
+
+ private:
+  data::HostBatch synthetic_batch(int64_t b) const {
+    data::HostBatch h;
+    const int64_t S = size_, N = densest_;
+    h.images = at::randint(0, 256, {b, 3, S, S}, at::TensorOptions().dtype(at::kByte));
+    // N boxes per image on a grid, sizes varied: the loss and assigner see a crowded image.
+    const int64_t side = int64_t(std::ceil(std::sqrt(double(std::max<int64_t>(N, 1)))));
+    at::Tensor k = at::arange(N, at::kFloat);
+    at::Tensor cx = (at::remainder(k, double(side)) + 0.5) * (double(S) / double(side));
+    at::Tensor cy = (at::floor(k / double(side)) + 0.5) * (double(S) / double(side));
+    at::Tensor half = (double(S) / double(side)) * (0.2 + 0.25 * at::remainder(k, 3.0) / 2.0);
+    at::Tensor box = at::stack({cx - half, cy - half, cx + half, cy + half}, 1).clamp(0, double(S));  // [N, 4] xyxy px
+    h.boxes = box.unsqueeze(0).expand({b, N, 4}).contiguous();
+    h.classes = at::remainder(at::arange(N, at::kLong), std::max<int64_t>(nc_, 1)).unsqueeze(0).expand({b, N}).contiguous();
+    h.crowd = at::zeros({b, N}, at::kBool);
+    h.counts = at::full({b}, N, at::kLong);
+    h.meta.resize(size_t(b));
+    for (int64_t i = 0; i < b; ++i) h.meta[size_t(i)] = data::ImageMeta{i, data::letterbox_geometry(int(S), int(S), int(S))};
+    return h;
+  }
+
+  MemoryMonitor& monitor_;
+  int64_t nc_, base_ = 0, size_ = 0, rows_ = 0, densest_ = 0;
+  std::unique_ptr<train::Trainer> trainer_;
+  std::vector<models::StageSpan> stages_;
+};
+
+// The prober, or an InputError when the model and its training state alone exceed the budget.
+Prober make_prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, AmpMode amp,
+                   int64_t budget) {
+  try {
+    return Prober(c, split, monitor, amp);
+  } catch (const c10::Error& e) {
+    if (!is_out_of_memory(e)) throw;
+    monitor.release_cache();
+    throw InputError("the model " + c.model.file + " with its gradients, optimizer state and EMA does not fit memory.budget " +
+                     format_bytes(double(budget)) + " on " + monitor.device().str() +
+                     ": use a lighter model (model.file / model.scale), train.ema=false, or a larger budget");
+  }
+}
+
+std::string mode_name(AmpMode amp, CheckpointMode ck) {
+  std::string s = amp == AmpMode::off ? "fp32" : std::string("amp ") + to_string(amp);
+  if (ck != CheckpointMode::off) s += std::string(" + checkpointing ") + to_string(ck);
+  return s;
+}
+
+// Probes a mode at the two batch sizes and fits the line.
+ModeEstimate probe_mode(Prober& p, AmpMode amp, CheckpointMode ck, const std::vector<int64_t>& batches) {
+  ModeEstimate m;
+  p.trainer().set_activation_checkpointing(ck);
+  if (amp != AmpMode::off) p.trainer().enable_amp();
+  m.amp = p.trainer().amp();
+  m.checkpointing = ck;
+  m.name = mode_name(m.amp, ck);
+  std::vector<int64_t> sizes = batches;
+  std::vector<Prober::Result> rs;
+  p.step(1);  // warm-up: lazily created state, first-use caches
+  for (;;) {  // the two sizes, halved while the larger does not fit
+    rs.clear();
+    for (int64_t b : sizes) {
+      rs.push_back(p.step(b));
+      m.probes.emplace_back(b, rs.back().fits ? rs.back().peak : -1);
+    }
+    if (rs.back().fits || sizes.back() <= 2) break;
+    sizes = {std::max<int64_t>(1, sizes.back() / 4), std::max<int64_t>(2, sizes.back() / 2)};
+  }
+  const int64_t b1 = sizes.front(), b2 = sizes.back();
+  const Prober::Result &r1 = rs.front(), &r2 = rs.back();
+  if (r1.fits && r2.fits && b2 > b1) {
+    m.per_image = double(r2.step_peak - r1.step_peak) / double(b2 - b1);
+    m.fixed = double(r1.step_peak) - m.per_image * double(b1);
+    m.update_peak = double(std::max(r1.update_peak, r2.update_peak));
+    m.workspace_per_image = (r2.workspace - r1.workspace) / double(b2 - b1);
+    m.workspace_fixed = r1.workspace - m.workspace_per_image * double(b1);
+    for (size_t i = 0; i < p.stages().size(); ++i)
+      m.stages.push_back(
+          StageBytes{p.stages()[i].name, (r2.stage_bytes[i] - r1.stage_bytes[i]) / double(b2 - b1), r2.stage_seconds[i] / double(b2)});
+    m.allocator_overhead = r2.reserved_over;
+    m.seconds_per_image = r2.seconds / double(b2);
+  } else if (r1.fits) {  // only the smaller probe fits: attribute everything above the static memory to its images
+    const double fixed = double(static_memory(p.trainer()).total());
+    m.fixed = fixed;
+    m.per_image = (double(r1.step_peak) - fixed) / double(b1);
+    m.update_peak = double(r1.update_peak);
+    m.seconds_per_image = r1.seconds / double(b1);
+  } else {
+    m.fixed = -1;  // not even the smallest probe fits
+  }
+  return m;
+}
+
+}  // namespace
+
+int64_t densest_labels(const data::Split& split) {
+  size_t n = 0;
+  for (const auto& s : split.samples) n = std::max(n, s.boxes.size());
+  return int64_t(n);
+}
+
+const ModeEstimate& MemoryEstimate::configured() const {
+  for (const auto& m : modes)
+    if (m.configured) return m;
+  return modes.front();
+}
+
+int64_t MemoryEstimate::accumulate(int64_t b) const {
+  return std::max<int64_t>(std::llround(double(nominal_batch) / double(b)), 1);
+}
+
+int64_t MemoryEstimate::input_buffers(int64_t b) const {
+  return input_buffers_on_device ? int64_t(canvas_bytes * double(b) * double(prefetch + accumulate(b))) : 0;
+}
+
+int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
+  const double step = m.fixed + m.per_image * double(b) + (accumulate(b) > 1 ? double(fixed.gradients) : 0.0) - savings;
+  return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
+}
+
+int64_t MemoryEstimate::largest_batch(const ModeEstimate& m) const {
+  if (m.fixed < 0) return 0;
+  int64_t b = 0;
+  while (b < 65536 && predicted_peak(m, b + 1) <= usable) ++b;
+  return b;
+}
+
+namespace {
+MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monitor, int64_t budget) {
+  MemoryEstimate e;
+  e.device = monitor.device().str();
+  e.budget = budget;
+  e.usable = usable_budget(budget, c.memory.headroom);
+  e.imgsz = p.size();
+  e.max_boxes = p.rows();
+  e.batch = c.train.batch;
+  e.fixed = static_memory(p.trainer());
+  e.nominal_batch = c.train.nominal_batch;
+  e.prefetch = c.data.prefetch;
+  e.input_buffers_on_device = monitor.device().is_cpu();
+  e.canvas_bytes = 3.0 * double(c.data.imgsz) * double(c.data.imgsz);
+  return e;
+}
+}  // namespace
+
+MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor,
+                               int64_t budget, const EstimateOptions& o) {
+  const int64_t previous_limit = monitor.sample().limit;
+  if (budget > 0) monitor.set_limit(budget);
+  MemoryEstimate e;
+  try {
+    const AmpMode configured_amp = train::resolve_amp(c, monitor.device());
+    const CheckpointMode configured_ck = c.memory.activation_checkpointing;
+    // A mode list with AMP last: switching AMP on is one-way on a trainer.
+    std::vector<std::pair<bool, CheckpointMode>> modes;  // (amp, checkpointing)
+    if (o.all_modes()) modes = {{false, CheckpointMode::off}, {true, CheckpointMode::off}, {true, CheckpointMode::all}};
+    const std::pair<bool, CheckpointMode> cfg{configured_amp != AmpMode::off, configured_ck};
+    if (std::find(modes.begin(), modes.end(), cfg) == modes.end()) modes.push_back(cfg);
+    std::stable_sort(modes.begin(), modes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const bool amp_as_configured = !o.all_modes();
+    Prober p = make_prober(c, train, monitor, amp_as_configured ? configured_amp : AmpMode::off, budget);
+    e = estimate_header(c, p, monitor, budget);
+    std::vector<int64_t> probes = o.probe_batches();
+    if (probes.size() != 2) probes = c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
+    for (const auto& [amp, ck] : modes) {
+      ModeEstimate m = probe_mode(p, amp ? (amp_as_configured ? configured_amp : AmpMode::bf16) : AmpMode::off, ck, probes);
+      m.configured = (amp == cfg.first && ck == cfg.second);
+      e.modes.push_back(std::move(m));
+    }
+  } catch (...) {
+    monitor.set_limit(previous_limit);
+    throw;
+  }
+  monitor.set_limit(previous_limit);
+  return e;
+}
+
+std::string format_memory_estimate(const MemoryEstimate& e) {
+  const auto b = [](double v) { return format_bytes(v); };
+  std::string s = fmt::format("Memory estimate on {} at {} px (largest training size), {} label rows per image (densest image{}), "
+                              "batch {}\n",
+                              e.device, e.imgsz, e.max_boxes, "", e.batch);
+  s += fmt::format("  {:<40}{:>12}\n", "parameters", b(double(e.fixed.parameters)));
+  s += fmt::format("  {:<40}{:>12}\n", "gradients", b(double(e.fixed.gradients)));
+  s += fmt::format("  {:<40}{:>12}\n", "optimizer state", b(double(e.fixed.optimizer)));
+  s += fmt::format("  {:<40}{:>12}\n", "EMA", b(double(e.fixed.ema)));
+  s += fmt::format("  {:<40}{:>12}{}\n", fmt::format("loader input buffers at batch {}", e.batch),
+                   b(double(e.input_buffers_on_device ? e.input_buffers(e.batch)
+                                                      : int64_t(e.canvas_bytes * double(e.batch * (e.prefetch + e.accumulate(e.batch)))))),
+                   e.input_buffers_on_device ? "" : "  (host memory, not on the device)");
+  for (const auto& m : e.modes) {
+    s += fmt::format("\n  {}{}\n", m.name, m.configured ? "  (this config)" : "");
+    if (m.fixed < 0) {
+      s += "    a batch of 1 does not fit the budget\n";
+      continue;
+    }
+    s += fmt::format("    {:<38}{:>12}\n", "per step, whatever the batch", b(m.fixed));
+    s += fmt::format("    {:<38}{:>12}\n", "per image (activations, input, loss)", b(m.per_image));
+    for (const auto& st : m.stages) s += fmt::format("      {:<36}{:>12}\n", st.name, b(st.per_image));
+    s += fmt::format("    {:<38}{:>12}  + {} per image\n", "loss and assigner workspace", b(m.workspace_fixed), b(m.workspace_per_image));
+    s += fmt::format("    {:<38}{:>12}\n", "optimizer step + EMA update peak", b(m.update_peak));
+    if (m.allocator_overhead > 0) s += fmt::format("    {:<38}{:>12}\n", "allocator overhead (reserved - used)", b(double(m.allocator_overhead)));
+    s += fmt::format("    {:<38}{:>12}\n", fmt::format("total at batch {}", e.batch), b(double(e.predicted_peak(m, e.batch))));
+    if (e.budget > 0)
+      s += fmt::format("    {:<38}{:>12}\n", fmt::format("largest batch under {}", b(double(e.usable))), std::to_string(e.largest_batch(m)));
+    s += fmt::format("    {:<38}{:>12}\n", "step time per image (probe)", fmt::format("{:.3f} s", m.seconds_per_image));
+  }
+  if (e.budget > 0) s += fmt::format("\nBudget {} minus headroom: {}\n", b(double(e.budget)), b(double(e.usable)));
+  return s;
+}
+
+Json memory_estimate_json(const MemoryEstimate& e) {
+  Json j = Json::object();
+  j["device"] = e.device;
+  j["budget"] = e.budget;
+  j["usable"] = e.usable;
+  j["imgsz"] = e.imgsz;
+  j["max_boxes"] = e.max_boxes;
+  j["batch"] = e.batch;
+  j["parameters"] = e.fixed.parameters;
+  j["gradients"] = e.fixed.gradients;
+  j["optimizer"] = e.fixed.optimizer;
+  j["ema"] = e.fixed.ema;
+  j["input_buffers_at_batch"] = e.input_buffers(e.batch);
+  j["input_buffers_on_device"] = e.input_buffers_on_device;
+  Json modes = Json::array();
+  for (const auto& m : e.modes) {
+    Json mj = Json::object();
+    mj["mode"] = m.name;
+    mj["configured"] = m.configured;
+    mj["fits_batch_1"] = m.fixed >= 0;
+    mj["fixed"] = m.fixed;
+    mj["per_image"] = m.per_image;
+    mj["update_peak"] = m.update_peak;
+    mj["workspace_fixed"] = m.workspace_fixed;
+    mj["workspace_per_image"] = m.workspace_per_image;
+    mj["allocator_overhead"] = m.allocator_overhead;
+    mj["total_at_batch"] = e.predicted_peak(m, e.batch);
+    if (e.budget > 0) mj["largest_batch"] = e.largest_batch(m);
+    Json stages = Json::array();
+    for (const auto& st : m.stages) {
+      Json sj = Json::object();
+      sj["stage"] = st.name;
+      sj["per_image"] = st.per_image;
+      stages.push_back(std::move(sj));
+    }
+    mj["stages"] = std::move(stages);
+    Json probes = Json::array();
+    for (const auto& [batch, peak] : m.probes) {
+      Json pj = Json::object();
+      pj["batch"] = batch;
+      pj["peak"] = peak;
+      probes.push_back(std::move(pj));
+    }
+    mj["probes"] = std::move(probes);
+    modes.push_back(std::move(mj));
+  }
+  j["modes"] = std::move(modes);
+  return j;
+}
+
+AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget) {
+  AutoBatch a;
+  const int64_t previous_limit = monitor.sample().limit;
+  if (budget > 0) monitor.set_limit(budget);
+  try {
+    const AmpMode amp = train::resolve_amp(c, monitor.device());
+    Prober p = make_prober(c, train, monitor, amp, budget);
+    const std::vector<int64_t> probes{1, 2};
+    ModeEstimate m = probe_mode(p, AmpMode::off, c.memory.activation_checkpointing, probes);
+    m.configured = true;
+    a.estimate = estimate_header(c, p, monitor, budget);
+    a.estimate.modes.push_back(m);
+    const auto input_bytes = [&](int64_t b) { return a.estimate.input_buffers(b); };
+    const int64_t usable = a.estimate.usable;
+    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
+    const auto fits = [&](int64_t b) {
+      for (const auto& [tb, peak] : a.tried)
+        if (tb == b) return peak >= 0 && peak <= usable;
+      const Prober::Result r = p.step(b);
+      // An accumulating step keeps the earlier micro-batches' gradients through the later ones.
+      const int64_t held = a.estimate.accumulate(b) > 1 ? a.estimate.fixed.gradients : 0;
+      const int64_t total = r.fits ? std::max(r.step_peak + held, r.update_peak) + input_bytes(b) : -1;
+      a.tried.emplace_back(b, total);
+      return r.fits && total <= usable;
+    };
+    if (m.fixed < 0 || !fits(1))
+      throw InputError("train.batch=auto: one image does not fit memory.budget " + format_bytes(double(budget)) + " minus " +
+                       std::to_string(int(100 * c.memory.headroom)) + "% headroom on " + monitor.device().str() + ".\n" +
+                       format_memory_estimate(a.estimate) +
+                       "Lower data.imgsz, use a lighter model, train.amp, memory.activation_checkpointing=all, or a larger budget.");
+    // The fit's guess, then bisection between a size that fits and one that does not.
+    int64_t guess = 1;
+    for (int64_t b = 1; b <= cap; ++b)
+      if (a.estimate.predicted_peak(m, b) <= usable) guess = b;
+    int64_t lo = 1, hi = cap + 1;  // lo fits; hi does not (or is past the cap)
+    const auto probe = [&](int64_t b) {
+      if (b <= lo || b >= hi) return;
+      (fits(b) ? lo : hi) = b;
+    };
+    probe(guess);
+    probe(lo + 1);
+    while (hi - lo > 1) probe(lo + (hi - lo) / 2);
+    a.batch = lo;
+  } catch (...) {
+    monitor.set_limit(previous_limit);
+    throw;
+  }
+  monitor.set_limit(previous_limit);
+  return a;
+}
+
+CheckpointPlanner::CheckpointPlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate checkpointed)
+    : e_(std::move(estimate)), plain_(std::move(plain)), checkpointed_(std::move(checkpointed)) {}
+
+const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
+  const auto key = std::make_pair(size, micro);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  const double area = double(size) * double(size) / (double(e_.imgsz) * double(e_.imgsz));
+  ModeEstimate scaled = plain_;
+  scaled.per_image *= area;
+  const size_t n = plain_.stages.size();
+  std::vector<double> saving(n, 0), cost(n, 0);
+  for (size_t i = 0; i < n && i < checkpointed_.stages.size(); ++i) {
+    saving[i] = std::max(0.0, plain_.stages[i].per_image - checkpointed_.stages[i].per_image) * area * double(micro);
+    cost[i] = plain_.stages[i].seconds_per_image * area * double(micro);
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i)
+    if (saving[i] > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saving[a] * cost[b] > saving[b] * cost[a]; });
+  StagePlan p;
+  p.checkpointed.assign(n, plain_.fixed < 0);  // no probe fitted: checkpoint everything, the governor does the rest
+  p.step_seconds = plain_.seconds_per_image * area * double(micro);
+  double saved = 0;
+  for (size_t i : order) p.recompute_all_seconds += cost[i];
+  for (size_t i : order) {
+    if (plain_.fixed < 0 || e_.predicted_peak(scaled, micro, saved) <= e_.usable) break;
+    p.checkpointed[i] = true;
+    saved += saving[i];
+    p.recompute_seconds += cost[i];
+  }
+  p.predicted_peak = e_.predicted_peak(scaled, micro, saved);
+  p.fits = plain_.fixed >= 0 && p.predicted_peak <= e_.usable;
+  return cache_.emplace(key, std::move(p)).first->second;
+}
+
+std::string CheckpointPlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
+  std::string stages;
+  for (size_t i = 0; i < p.checkpointed.size(); ++i)
+    if (p.checkpointed[i]) stages += (stages.empty() ? "" : ", ") + plain_.stages[i].name;
+  const double step = std::max(p.step_seconds, 1e-12);
+  return fmt::format("activation checkpointing auto at {} px, micro-batch {}: {}; predicted peak {} of {}{}; recompute +{:.0f}% "
+                     "of the step (every stage: +{:.0f}%)",
+                     size, micro, stages.empty() ? std::string("no stage") : stages, format_bytes(double(p.predicted_peak)),
+                     format_bytes(double(e_.usable)), p.fits ? "" : " (over: the governor shrinks the micro-batch)",
+                     100 * p.recompute_seconds / step, 100 * p.recompute_all_seconds / step);
+}
+
+std::shared_ptr<CheckpointPlanner> make_checkpoint_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
+                                                           MemoryMonitor& monitor, int64_t budget) {
+  const int64_t previous_limit = monitor.sample().limit;
+  if (budget > 0) monitor.set_limit(budget);
+  try {
+    Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
+    const std::vector<int64_t> probes =
+        c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
+    ModeEstimate plain = probe_mode(p, AmpMode::off, CheckpointMode::off, probes);
+    ModeEstimate checkpointed = probe_mode(p, AmpMode::off, CheckpointMode::stages, probes);
+    plain.configured = true;
+    MemoryEstimate e = estimate_header(c, p, monitor, budget);
+    e.modes = {plain, checkpointed};
+    monitor.set_limit(previous_limit);
+    return std::make_shared<CheckpointPlanner>(std::move(e), std::move(plain), std::move(checkpointed));
+  } catch (...) {
+    monitor.set_limit(previous_limit);
+    throw;
+  }
+}
+
+}  // namespace headroom::memory

@@ -1,0 +1,118 @@
+#include "headroom/memory/monitor.h"
+
+#include <fstream>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/text.h"
+#include "headroom/memory/cpu_allocator.h"
+
+namespace headroom::memory {
+
+#ifdef HEADROOM_WITH_CUDA
+std::unique_ptr<MemoryMonitor> make_cuda_monitor(c10::Device device);  // monitor_cuda.cpp
+void set_cuda_allocator_settings(const std::string& settings);
+#endif
+
+namespace {
+
+int64_t meminfo(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k, unit;
+  int64_t kb = 0;
+  while (in >> k >> kb >> unit)
+    if (k == key) return kb * 1024;
+  return 0;
+}
+
+class CpuMonitor final : public MemoryMonitor {
+ public:
+  CpuMonitor() : MemoryMonitor(c10::Device(c10::kCPU)), alloc_(CountingCpuAllocator::install()) {}
+  MemoryStats sample() const override {
+    MemoryStats s;
+    s.allocated = s.reserved = s.active = alloc_.current();
+    s.peak_allocated = s.peak_reserved = alloc_.peak();
+    s.ooms = alloc_.ooms();
+    s.limit = alloc_.limit();
+    return s;
+  }
+  void reset_peak() override { alloc_.reset_peak(); }
+  int64_t capacity() const override { return meminfo("MemTotal:"); }
+  int64_t available() const override { return meminfo("MemAvailable:") + alloc_.current(); }
+  void set_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
+  void release_cache() override {}
+
+ private:
+  CountingCpuAllocator& alloc_;
+};
+
+}  // namespace
+
+Json memory_stats_json(const MemoryStats& s) {
+  Json j = Json::object();
+  j["allocated"] = s.allocated;
+  j["reserved"] = s.reserved;
+  j["active"] = s.active;
+  j["peak_allocated"] = s.peak_allocated;
+  j["peak_reserved"] = s.peak_reserved;
+  j["alloc_retries"] = s.alloc_retries;
+  j["ooms"] = s.ooms;
+  j["limit"] = s.limit;
+  j["fragmentation"] = s.fragmentation();
+  return j;
+}
+
+std::unique_ptr<MemoryMonitor> make_memory_monitor(c10::Device device) {
+#ifdef HEADROOM_WITH_CUDA
+  if (device.is_cuda()) return make_cuda_monitor(device);
+#endif
+  if (!device.is_cpu()) throw DeviceError("no memory monitor for device " + device.str() + " in this build");
+  return std::make_unique<CpuMonitor>();
+}
+
+int64_t resolve_budget(const MemoryBudgetSpec& spec, const MemoryMonitor& monitor) {
+  const int64_t capacity = monitor.capacity();
+  switch (spec.kind) {
+    case MemoryBudgetSpec::Kind::automatic: return monitor.available();
+    case MemoryBudgetSpec::Kind::fraction: return int64_t(spec.value * double(capacity));
+    case MemoryBudgetSpec::Kind::bytes:
+      if (capacity > 0 && spec.value > double(capacity))
+        throw InputError("memory.budget " + format_bytes(spec.value) + " is more than " + monitor.device().str() + " has (" +
+                         format_bytes(double(capacity)) + "); give a smaller size, a fraction, or auto");
+      return int64_t(spec.value);
+  }
+  return 0;
+}
+
+std::string allocator_settings(const MemoryConfig& m) {
+  std::string s;
+  const auto add = [&](const std::string& kv) { s += (s.empty() ? "" : ",") + kv; };
+  if (m.max_split_size_mb > 0) add("max_split_size_mb:" + std::to_string(m.max_split_size_mb));
+  if (m.garbage_collection_threshold > 0) add(fmt::format("garbage_collection_threshold:{}", m.garbage_collection_threshold));
+  if (m.expandable_segments) add("expandable_segments:True");
+  return s;
+}
+
+void apply_allocator_settings(const MemoryConfig& m, c10::Device device) {
+  const std::string settings = allocator_settings(m);
+  if (settings.empty()) return;
+#ifdef HEADROOM_WITH_CUDA
+  if (device.is_cuda()) {
+    set_cuda_allocator_settings(settings);
+    spdlog::info("CUDA allocator settings: {}", settings);
+    return;
+  }
+#endif
+  spdlog::warn("memory: {} are CUDA allocator settings; they do nothing on {}", settings, device.str());
+}
+
+bool is_out_of_memory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const std::string what = e.what_without_backtrace();
+  for (const char* s : {"CUDA out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                        "CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input"})
+    if (what.find(s) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace headroom::memory
