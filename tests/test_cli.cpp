@@ -107,3 +107,50 @@ TEST(Cli, DataPreviewDrawsAugmentedBatches) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find(cfg + ":2:11: augment.random_crop_image: min_area (line 2): value 2 is out of range"), std::string::npos) << r.output;
 }
+
+namespace {
+std::string tiny_model_args() {
+  std::string s;
+  for (const auto& o : test::tiny_model("yolov8.yaml")) s += " " + o;
+  return s;
+}
+std::string tiny_run_config(const std::string& dir) {
+  const std::string cfg = dir + "/run.yaml";
+  test::write_bytes(cfg, "device: cpu\nthreads: 1\ndata: {dataset: " + test::small_synth() +
+                             ", imgsz: 64, workers: 1}\ntrain: {batch: 4, nominal_batch: 8, plots: false}\n");
+  return cfg;
+}
+}  // namespace
+
+TEST(Cli, MemoryPrintsTheEstimateTable) {
+  const std::string dir = test::temp_dir("cli-memory");
+  const std::string cfg = tiny_run_config(dir);
+  test::RunResult r = test::run_trainer("memory --config " + cfg + " --budget 1GiB" + tiny_model_args());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"parameters", "optimizer state", "EMA", "fp32  (this config)", "amp bf16 + checkpointing all",
+                           "largest batch under 922 MiB", "loss and assigner workspace"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  r = test::run_trainer("memory --config " + cfg + " --budget 0.5 --json" + tiny_model_args());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t open = r.output.find('{');  // LibTorch's warnings may precede the document
+  ASSERT_NE(open, std::string::npos) << r.output;
+  const std::string json = r.output.substr(open, r.output.rfind('}') - open + 1);
+  const Json j = Json::parse(json, "stdout");
+  EXPECT_EQ(j.find("modes")->size(), 3u);
+  EXPECT_GT(j.find("budget")->as_number(), 0);
+  r = test::run_trainer("memory --config " + cfg + " --budget 8apples" + tiny_model_args());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("memory.budget: '8apples' is not a budget"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TrainWithAutoBatchRecordsTheBatchItChose) {
+  const std::string dir = test::temp_dir("cli-auto-batch");
+  const std::string cfg = tiny_run_config(dir);
+  const test::RunResult r = test::run_trainer("train --config " + cfg + " train.batch=auto memory.budget=256MiB train.steps=2 "
+                                              "train.val_every=0 project=" + dir + "/runs name=a" + tiny_model_args());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.batch auto: 8 (the largest step under"), std::string::npos) << r.output;  // capped at nominal_batch
+  EXPECT_NE(r.output.find("memory: budget 256 MiB on cpu"), std::string::npos) << r.output;
+  const std::string saved = test::read_bytes(dir + "/runs/a/config.yaml");
+  EXPECT_NE(saved.find("batch: 8\n"), std::string::npos) << saved;
+}

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
 #include "headroom/data/dataset.h"
@@ -348,4 +349,118 @@ TEST(Starvation, MeasuresAnEpochOfATraining) {
   EXPECT_GE(h->last_epoch().wait, 0);
   EXPECT_EQ(h->last_epoch().workers, 1);
   EXPECT_GT(h->last_epoch().decode, 0);
+}
+
+namespace {
+// Scripted allocator counters: the CUDA allocator's retry count, which the CPU never has.
+class ScriptedMonitor final : public memory::MemoryMonitor {
+ public:
+  ScriptedMonitor() : MemoryMonitor(c10::Device(c10::kCPU)) {}
+  memory::MemoryStats sample() const override { return stats; }
+  void reset_peak() override {}
+  int64_t capacity() const override { return int64_t(1) << 34; }
+  int64_t available() const override { return int64_t(1) << 33; }
+  void set_limit(int64_t) override {}
+  void release_cache() override { ++released; }
+  memory::MemoryStats stats;
+  int released = 0;
+};
+
+// Raises the scripted retry count after every step from `from` on.
+class Thrash : public train::Hook {
+ public:
+  Thrash(ScriptedMonitor& m, int64_t from) : m_(m), from_(from) {}
+  void after_step(train::Trainer& t) override {
+    if (t.state().step >= from_) ++m_.stats.alloc_retries;
+  }
+
+ private:
+  ScriptedMonitor& m_;
+  int64_t from_;
+};
+}  // namespace
+
+TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
+  auto monitor = std::make_shared<ScriptedMonitor>();
+  const Config c = load_config("", tiny_run({"train.steps=6"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-thrash")));
+  t.register_hook(std::make_unique<Thrash>(*monitor, 2));  // runs before the governor's after_step
+  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+  t.train();
+  // New retries after steps 2 and 3 shrink from step 4; the count starts again, so the retries
+  // after steps 4 and 5 shrink once more, from step 6.
+  ASSERT_EQ(t.state().memory_decisions.size(), 2u);
+  EXPECT_EQ(t.state().memory_decisions[0].step, 4);
+  EXPECT_EQ(t.state().memory_decisions[0].action, "micro_batch 4 -> 2");
+  EXPECT_NE(t.state().memory_decisions[0].reason.find("retried on 2 steps in a row"), std::string::npos);
+  EXPECT_EQ(t.state().memory_decisions[1].step, 6);
+  EXPECT_EQ(t.state().memory_decisions[1].action, "micro_batch 2 -> 1");
+  EXPECT_GE(monitor->released, 1);
+}
+
+TEST(Governor, GrowsBackAfterAStableStretch) {
+  auto monitor = cpu_monitor();
+  const Config c = load_config("", tiny_run({"train.steps=6", "memory.grow_after=2"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-grow")));
+  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, int64_t(1) << 32)));
+  inject_at(t, 1, 200);
+  t.train();
+  ASSERT_EQ(t.state().memory_decisions.size(), 2u);
+  EXPECT_EQ(t.state().memory_decisions[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(t.state().memory_decisions[1].action, "micro_batch 2 -> 4");
+  EXPECT_EQ(t.state().memory_decisions[1].step, 4);
+  monitor->set_limit(0);
+}
+
+TEST(Planner, CheckpointsTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
+  auto monitor = cpu_monitor();
+  const Config c = load_config("", tiny_run({"train.steps=3", "train.batch=8", "train.nominal_batch=8", "data.imgsz=128"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  // A budget between the peak with every stage checkpointed and the peak without.
+  const auto unbounded = memory::make_checkpoint_planner(c, split, *monitor, int64_t(1) << 34);
+  const memory::MemoryEstimate& e = unbounded->estimate();
+  const int64_t plain = e.predicted_peak(e.modes[0], 8), all = e.predicted_peak(e.modes[1], 8);
+  ASSERT_LT(all, plain);
+  const int64_t base = monitor->sample().allocated;
+  const int64_t budget = base + int64_t(double(all + (plain - all) / 3) / 0.9);
+  const auto planner = memory::make_checkpoint_planner(c, split, *monitor, budget);
+  const memory::StagePlan& p = planner->plan(128, 8);
+  const auto on = std::count(p.checkpointed.begin(), p.checkpointed.end(), true);
+  EXPECT_GT(on, 0);
+  EXPECT_LT(size_t(on), p.checkpointed.size());
+  EXPECT_TRUE(p.fits);
+  EXPECT_LT(p.recompute_seconds, p.recompute_all_seconds);
+  EXPECT_NE(planner->describe(p, 128, 8).find("recompute +"), std::string::npos);
+  // A smaller input needs fewer stages (activations scale with the area).
+  const memory::StagePlan& small = planner->plan(64, 8);
+  EXPECT_LE(std::count(small.checkpointed.begin(), small.checkpointed.end(), true), on);
+  // Training with the plan stays under the budget: no out-of-memory error.
+  train::Trainer t(train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr));
+  t.set_checkpoint_planner([planner](int64_t size, int64_t micro) { return planner->plan(size, micro).checkpointed; });
+  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+  t.train();
+  monitor->set_limit(0);
+  for (const auto& d : t.state().memory_decisions) EXPECT_EQ(d.reason.rfind("out of memory", 0), std::string::npos) << d.action << ": " << d.reason;
+  EXPECT_EQ(t.model().activation_checkpointing(), CheckpointMode::stages);
+}
+
+TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(cuda);
+  Config c = load_config("", tiny_run({"train.steps=4", "train.batch=32", "train.nominal_batch=32", "data.imgsz=128", "device=cuda"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  // What a step of 32 needs, measured; then a budget that holds about a third of its activations.
+  const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const memory::ModeEstimate& m = e.configured();
+  const int64_t budget = monitor->sample().reserved + int64_t(m.fixed + m.per_image * 12) + (int64_t(64) << 20);
+  at::manual_seed(0);
+  train::Trainer t(train::make_trainer_parts(c, cuda, temp_dir("gov-cuda"), split, nullptr));
+  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+  t.train();
+  monitor->set_limit(0);
+  EXPECT_EQ(t.state().step, 4);
+  ASSERT_FALSE(t.state().memory_decisions.empty());
+  EXPECT_LT(t.micro_batch(), 32);
+  EXPECT_LE(monitor->sample().peak_reserved, budget + (int64_t(2) << 20));
 }

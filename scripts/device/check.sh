@@ -50,5 +50,22 @@ if "$BUILD/bench_augment" --device cuda > "$OUT/bench_augment.jsonl" 2> "$OUT/be
 else
   status bench_augment "FAILED (bench_augment.err)"
 fi
+# memory: estimator vs measured peak, auto batch vs the true largest batch
+if "$BUILD/bench_memory" --device cuda --data /tmp/headroom-bench-memory > "$OUT/bench_memory.jsonl" 2> "$OUT/bench_memory.err"; then
+  status bench_memory "$(wc -l < "$OUT/bench_memory.jsonl") lines"
+else
+  status bench_memory "FAILED (bench_memory.err)"
+fi
+# The seed user's case under an 8 GiB budget: HG104 at 512 and yolov8s at 640 on synthetic data,
+# the estimate table, then a governed run with the automatic batch, AMP and planned checkpointing.
+"$BUILD/trainer" data synth --out /tmp/headroom-synth640 --images 600 --size 640 --max-objects 20 > /dev/null 2>&1
+for cfg in centernet_hg104 yolov8s; do
+  over="data.dataset=/tmp/headroom-synth640/data.yaml device=cuda memory.budget=8GiB"
+  timeout 120 "$BUILD/trainer" memory --config configs/$cfg.yaml $over > "$OUT/memory_$cfg.txt" 2>&1
+  timeout 240 "$BUILD/trainer" train --config configs/$cfg.yaml $over train.batch=auto train.amp=auto \
+    memory.activation_checkpointing=auto train.steps=300 train.val_every=0 train.plots=false \
+    project=/tmp/headroom-runs name=$cfg exist_ok=true > "$OUT/train_$cfg.log" 2>&1
+  status "governed $cfg" "rc=$? $(grep -o 'train.batch auto: [0-9]*' "$OUT/train_$cfg.log" | head -1); $(grep -c 'memory governor' "$OUT/train_$cfg.log") decisions; $(grep -o 'memory, epoch [0-9]*: peak [^;]*' "$OUT/train_$cfg.log" | tail -1)"
+done
 status total "$(( $(date +%s) - t0 )) s"
-cat "$OUT/bench_loader.jsonl" "$OUT/bench_augment.jsonl"
+cat "$OUT/bench_loader.jsonl" "$OUT/bench_augment.jsonl" "$OUT/bench_memory.jsonl"

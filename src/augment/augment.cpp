@@ -592,9 +592,14 @@ int64_t Augmenter::output_size(int64_t in_size, int64_t epoch, int64_t batch_ind
   if (o_.multi_scale <= 0) return in_size;
   // Host-side: the size is a shape, needed before any kernel is launched.
   Rng rng(mix_seed(epoch_key(seed_, epoch) ^ mix_seed(static_cast<uint64_t>(batch_index) + 1)));
-  const int64_t lo = std::max<int64_t>(multiple_, int64_t(std::ceil(in_size * (1 - o_.multi_scale) / multiple_)) * multiple_);
-  const int64_t hi = std::max<int64_t>(lo, int64_t(std::floor(in_size * (1 + o_.multi_scale) / multiple_)) * multiple_);
+  const int64_t lo = min_output_size(in_size);
+  const int64_t hi = std::max<int64_t>(lo, max_output_size(in_size));
   return lo + rng.integer(0, (hi - lo) / multiple_) * multiple_;
+}
+
+int64_t Augmenter::min_output_size(int64_t in_size) const {
+  if (o_.multi_scale <= 0) return in_size;
+  return std::max<int64_t>(multiple_, int64_t(std::ceil(in_size * (1 - o_.multi_scale) / multiple_)) * multiple_);
 }
 
 int64_t Augmenter::max_output_size(int64_t in_size) const {

@@ -16,6 +16,21 @@ namespace headroom::memory {
 
 namespace {
 
+// Enforces a budget for the probes' lifetime, then puts the previous limit back.
+class LimitGuard {
+ public:
+  LimitGuard(MemoryMonitor& m, int64_t budget) : m_(m), previous_(m.sample().limit) {
+    if (budget > 0) m_.set_limit(budget);
+  }
+  ~LimitGuard() { m_.set_limit(previous_); }
+  LimitGuard(const LimitGuard&) = delete;
+  LimitGuard& operator=(const LimitGuard&) = delete;
+
+ private:
+  MemoryMonitor& m_;
+  int64_t previous_;
+};
+
 // A throwaway copy of the run (model, loss, optimizer with its state, EMA) on the run's device,
 // stepping on synthetic batches of the largest input size and the densest label count.
 class Prober {
@@ -32,6 +47,8 @@ class Prober {
     const int64_t multiple = parts.model->info().input_multiple;
     size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).max_output_size(c.data.imgsz)
                                         : c.data.imgsz;
+    min_size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).min_output_size(c.data.imgsz)
+                                            : c.data.imgsz;
     parts.config.data.imgsz = int(size_);
     parts.config.augment.multi_scale = 0;  // every probe at the largest size
     rows_ = densest_labels(*split);
@@ -66,6 +83,7 @@ class Prober {
     bool in_forward = false;
     trainer_->model().set_row_observer([&](int row) {
       if (in_forward && size_t(row) < at_row.size()) {
+        monitor_.synchronize();  // stage times are device times (a probe, not the training loop)
         at_row[size_t(row)] = monitor_.sample().allocated;
         time_at_row[size_t(row)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count();
       }
@@ -77,6 +95,7 @@ class Prober {
       if (p == "input") {
         input_end = s.allocated;
         in_forward = true;
+        monitor_.synchronize();
         forward_start = std::chrono::steady_clock::now();
       } else if (p == "forward" && in_forward) {
         in_forward = false;
@@ -125,6 +144,7 @@ class Prober {
 
   train::Trainer& trainer() { return *trainer_; }
   int64_t size() const { return size_; }
+  int64_t min_size() const { return min_size_; }
   int64_t rows() const { return rows_; }
   int64_t densest() const { return densest_; }
   const std::vector<models::StageSpan>& stages() const { return stages_; }
@@ -151,7 +171,7 @@ class Prober {
   }
 
   MemoryMonitor& monitor_;
-  int64_t nc_, base_ = 0, size_ = 0, rows_ = 0, densest_ = 0;
+  int64_t nc_, base_ = 0, size_ = 0, min_size_ = 0, rows_ = 0, densest_ = 0;
   std::unique_ptr<train::Trainer> trainer_;
   std::vector<models::StageSpan> stages_;
 };
@@ -168,6 +188,11 @@ Prober make_prober(const Config& c, const std::shared_ptr<const data::Split>& sp
                      format_bytes(double(budget)) + " on " + monitor.device().str() +
                      ": use a lighter model (model.file / model.scale), train.ema=false, or a larger budget");
   }
+}
+
+// Half the configured batch and the configured batch: the line is fitted where it matters.
+std::vector<int64_t> default_probes(const Config& c) {
+  return c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
 }
 
 std::string mode_name(AmpMode amp, CheckpointMode ck) {
@@ -239,6 +264,16 @@ int64_t MemoryEstimate::accumulate(int64_t b) const {
   return std::max<int64_t>(std::llround(double(nominal_batch) / double(b)), 1);
 }
 
+ModeEstimate MemoryEstimate::at_size(const ModeEstimate& m, int64_t size) const {
+  const double area = double(size) * double(size) / (double(imgsz) * double(imgsz));
+  ModeEstimate s = m;
+  s.per_image *= area;
+  for (auto& st : s.stages) st.per_image *= area, st.seconds_per_image *= area;
+  s.workspace_per_image *= area;
+  s.seconds_per_image *= area;
+  return s;
+}
+
 int64_t MemoryEstimate::input_buffers(int64_t b) const {
   return input_buffers_on_device ? int64_t(canvas_bytes * double(b) * double(prefetch + accumulate(b))) : 0;
 }
@@ -262,6 +297,8 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.budget = budget;
   e.usable = usable_budget(budget, c.memory.headroom);
   e.imgsz = p.size();
+  e.min_imgsz = p.min_size();
+  e.canvas = c.data.imgsz;
   e.max_boxes = p.rows();
   e.batch = c.train.batch;
   e.fixed = static_memory(p.trainer());
@@ -275,10 +312,9 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
 
 MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor,
                                int64_t budget, const EstimateOptions& o) {
-  const int64_t previous_limit = monitor.sample().limit;
-  if (budget > 0) monitor.set_limit(budget);
+  const LimitGuard limit(monitor, budget);
   MemoryEstimate e;
-  try {
+  {
     const AmpMode configured_amp = train::resolve_amp(c, monitor.device());
     const CheckpointMode configured_ck = c.memory.activation_checkpointing;
     // A mode list with AMP last: switching AMP on is one-way on a trainer.
@@ -290,18 +326,13 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
     const bool amp_as_configured = !o.all_modes();
     Prober p = make_prober(c, train, monitor, amp_as_configured ? configured_amp : AmpMode::off, budget);
     e = estimate_header(c, p, monitor, budget);
-    std::vector<int64_t> probes = o.probe_batches();
-    if (probes.size() != 2) probes = c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
+    const std::vector<int64_t> probes = o.probe_batches().size() == 2 ? o.probe_batches() : default_probes(c);
     for (const auto& [amp, ck] : modes) {
       ModeEstimate m = probe_mode(p, amp ? (amp_as_configured ? configured_amp : AmpMode::bf16) : AmpMode::off, ck, probes);
       m.configured = (amp == cfg.first && ck == cfg.second);
       e.modes.push_back(std::move(m));
     }
-  } catch (...) {
-    monitor.set_limit(previous_limit);
-    throw;
   }
-  monitor.set_limit(previous_limit);
   return e;
 }
 
@@ -334,6 +365,12 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
     if (e.budget > 0)
       s += fmt::format("    {:<38}{:>12}\n", fmt::format("largest batch under {}", b(double(e.usable))), std::to_string(e.largest_batch(m)));
     s += fmt::format("    {:<38}{:>12}\n", "step time per image (probe)", fmt::format("{:.3f} s", m.seconds_per_image));
+    if (e.min_imgsz < e.imgsz)  // multi-scale: the batch that fits changes with the size
+      for (int64_t size : {e.min_imgsz, e.canvas, e.imgsz}) {
+        const ModeEstimate at = e.at_size(m, size);
+        s += fmt::format("    {:<38}{:>12}{}\n", fmt::format("at {} px: per image", size), b(at.per_image),
+                         e.budget > 0 ? fmt::format(", largest batch {}", e.largest_batch(at)) : std::string());
+      }
   }
   if (e.budget > 0) s += fmt::format("\nBudget {} minus headroom: {}\n", b(double(e.budget)), b(double(e.usable)));
   return s;
@@ -391,9 +428,8 @@ Json memory_estimate_json(const MemoryEstimate& e) {
 
 AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget) {
   AutoBatch a;
-  const int64_t previous_limit = monitor.sample().limit;
-  if (budget > 0) monitor.set_limit(budget);
-  try {
+  const LimitGuard limit(monitor, budget);
+  {
     const AmpMode amp = train::resolve_amp(c, monitor.device());
     Prober p = make_prober(c, train, monitor, amp, budget);
     const std::vector<int64_t> probes{1, 2};
@@ -432,11 +468,7 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
     probe(lo + 1);
     while (hi - lo > 1) probe(lo + (hi - lo) / 2);
     a.batch = lo;
-  } catch (...) {
-    monitor.set_limit(previous_limit);
-    throw;
   }
-  monitor.set_limit(previous_limit);
   return a;
 }
 
@@ -446,14 +478,12 @@ CheckpointPlanner::CheckpointPlanner(MemoryEstimate estimate, ModeEstimate plain
 const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
   const auto key = std::make_pair(size, micro);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  const double area = double(size) * double(size) / (double(e_.imgsz) * double(e_.imgsz));
-  ModeEstimate scaled = plain_;
-  scaled.per_image *= area;
-  const size_t n = plain_.stages.size();
+  const ModeEstimate scaled = e_.at_size(plain_, size), scaled_ck = e_.at_size(checkpointed_, size);
+  const size_t n = scaled.stages.size();
   std::vector<double> saving(n, 0), cost(n, 0);
-  for (size_t i = 0; i < n && i < checkpointed_.stages.size(); ++i) {
-    saving[i] = std::max(0.0, plain_.stages[i].per_image - checkpointed_.stages[i].per_image) * area * double(micro);
-    cost[i] = plain_.stages[i].seconds_per_image * area * double(micro);
+  for (size_t i = 0; i < n && i < scaled_ck.stages.size(); ++i) {
+    saving[i] = std::max(0.0, scaled.stages[i].per_image - scaled_ck.stages[i].per_image) * double(micro);
+    cost[i] = scaled.stages[i].seconds_per_image * double(micro);
   }
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i)
@@ -461,7 +491,7 @@ const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saving[a] * cost[b] > saving[b] * cost[a]; });
   StagePlan p;
   p.checkpointed.assign(n, plain_.fixed < 0);  // no probe fitted: checkpoint everything, the governor does the rest
-  p.step_seconds = plain_.seconds_per_image * area * double(micro);
+  p.step_seconds = scaled.seconds_per_image * double(micro);
   double saved = 0;
   for (size_t i : order) p.recompute_all_seconds += cost[i];
   for (size_t i : order) {
@@ -489,23 +519,14 @@ std::string CheckpointPlanner::describe(const StagePlan& p, int64_t size, int64_
 
 std::shared_ptr<CheckpointPlanner> make_checkpoint_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
                                                            MemoryMonitor& monitor, int64_t budget) {
-  const int64_t previous_limit = monitor.sample().limit;
-  if (budget > 0) monitor.set_limit(budget);
-  try {
-    Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
-    const std::vector<int64_t> probes =
-        c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
-    ModeEstimate plain = probe_mode(p, AmpMode::off, CheckpointMode::off, probes);
-    ModeEstimate checkpointed = probe_mode(p, AmpMode::off, CheckpointMode::stages, probes);
-    plain.configured = true;
-    MemoryEstimate e = estimate_header(c, p, monitor, budget);
-    e.modes = {plain, checkpointed};
-    monitor.set_limit(previous_limit);
-    return std::make_shared<CheckpointPlanner>(std::move(e), std::move(plain), std::move(checkpointed));
-  } catch (...) {
-    monitor.set_limit(previous_limit);
-    throw;
-  }
+  const LimitGuard limit(monitor, budget);
+  Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
+  ModeEstimate plain = probe_mode(p, AmpMode::off, CheckpointMode::off, default_probes(c));
+  ModeEstimate checkpointed = probe_mode(p, AmpMode::off, CheckpointMode::stages, default_probes(c));
+  plain.configured = true;
+  MemoryEstimate e = estimate_header(c, p, monitor, budget);
+  e.modes = {plain, checkpointed};
+  return std::make_shared<CheckpointPlanner>(std::move(e), std::move(plain), std::move(checkpointed));
 }
 
 }  // namespace headroom::memory

@@ -82,6 +82,7 @@ void GovernorHook::shrink(train::Trainer& t, const std::string& reason) {
 void GovernorHook::after_step(train::Trainer& t) {
   const MemoryStats s = monitor_->sample();
   epoch_peak_ = std::max(epoch_peak_, s.peak_allocated);
+  epoch_peak_reserved_ = std::max(epoch_peak_reserved_, s.peak_reserved);
   const int64_t usable = usable_budget(o_.budget(), o_.headroom());
   const bool new_retries = s.alloc_retries > last_retries_;
   retry_run_ = new_retries ? retry_run_ + 1 : 0;
@@ -105,12 +106,12 @@ void GovernorHook::after_step(train::Trainer& t) {
 
 void GovernorHook::after_epoch(train::Trainer& t) {
   const MemoryStats s = monitor_->sample();
-  spdlog::info("memory, epoch {}: peak {} of budget {}, reserved {} (fragmentation {:.0f}%); since the start {} allocator "
-               "retries, {} OOMs; micro-batch {}",
-               t.state().epoch + 1, format_bytes(double(epoch_peak_)),
-               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), format_bytes(double(s.reserved)),
+  spdlog::info("memory, epoch {}: peak {} allocated, {} reserved, of budget {}; fragmentation now {:.0f}%; since the start {} "
+               "allocator retries, {} OOMs; micro-batch {}",
+               t.state().epoch + 1, format_bytes(double(epoch_peak_)), format_bytes(double(epoch_peak_reserved_)),
+               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
                100 * s.fragmentation(), s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, t.micro_batch());
-  epoch_peak_ = 0;
+  epoch_peak_ = epoch_peak_reserved_ = 0;
 }
 
 bool GovernorHook::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {

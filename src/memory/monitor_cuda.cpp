@@ -45,6 +45,7 @@ class CudaMonitor final : public MemoryMonitor {
     alloc::setMemoryFraction(bytes > 0 ? std::min(1.0, double(bytes) / double(total)) : 1.0, index_);
   }
   void release_cache() override { alloc::emptyCache(); }
+  void synchronize() override { cudaDeviceSynchronize(); }
 
  private:
   void device_info(size_t& free, size_t& total) const {

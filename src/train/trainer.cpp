@@ -142,14 +142,16 @@ void Trainer::run_step() {
   }
   // What an attempt changes besides the gradients: BatchNorm statistics and the loss sums.
   std::vector<at::Tensor> buffers;
-  {
-    at::NoGradGuard no_grad;
-    for (const auto& b : model_->buffers()) buffers.push_back(b.clone());
-  }
   const at::Tensor loss_sum = loss_sum_;
   const int64_t micro_since_read = micro_since_read_;
   for (;;) {
     try {
+      if (buffers.empty()) {  // inside the try: the snapshot itself may hit the budget
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> snapshot;
+        for (const auto& b : model_->buffers()) snapshot.push_back(b.clone());
+        buffers = std::move(snapshot);
+      }
       step_on(batches);
       break;
     } catch (const c10::Error& e) {
@@ -175,7 +177,7 @@ void Trainer::undo_attempt(const std::vector<at::Tensor>& buffers, const at::Ten
   at::NoGradGuard no_grad;
   optimizer_->zero_grad();
   const std::vector<at::Tensor> live = model_->buffers();
-  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(buffers[i]);
+  for (size_t i = 0; i < buffers.size(); ++i) live[i].copy_(buffers[i]);  // empty: the attempt failed before it changed any
   loss_sum_ = loss_sum;
   micro_since_read_ = micro_since_read;
 }
@@ -219,6 +221,8 @@ void Trainer::step_on(const std::vector<data::HostBatch>& batches) {
       if (!first_batch_) first_batch_ = batch;
     }
     phase("input");
+    if (x.device() != device_ || targets.boxes.device() != device_)  // metadata only: no sync
+      throw DeviceError("the batch is on " + x.device().str() + ", the run trains on " + device_.str());
     const int64_t n = x.size(0), m = micro_batch();
     if (planner_ && model_->activation_checkpointing() != CheckpointMode::all) {
       std::vector<bool> plan = planner_(x.size(2), std::min(m, n));

@@ -109,6 +109,7 @@ class Augmenter {
   // Output side of a batch: the input side, or a multi-scale size drawn per (epoch, batch).
   int64_t output_size(int64_t in_size, int64_t epoch, int64_t batch_index) const;
   int64_t max_output_size(int64_t in_size) const;
+  int64_t min_output_size(int64_t in_size) const;
   bool mosaic_in_epoch(int64_t epoch) const;
 
   // Moves the loader's batch to `device` (non-blocking) and augments it there.

@@ -47,7 +47,8 @@ struct ModeEstimate {
 struct MemoryEstimate {
   std::string device;
   int64_t budget = 0, usable = 0;
-  int64_t imgsz = 0;          // the largest input side the run uses (multi-scale)
+  int64_t imgsz = 0;          // the largest input side the run uses (multi-scale): the probes' size
+  int64_t min_imgsz = 0, canvas = 0;  // the smallest (multi-scale) and the loader's canvas
   int64_t max_boxes = 0;      // label rows per image in the probe (densest image, x4 mosaic, x2 mixup)
   int64_t batch = 0;          // the configured batch
   StaticMemory fixed;
@@ -59,6 +60,8 @@ struct MemoryEstimate {
   std::vector<ModeEstimate> modes;
 
   int64_t accumulate(int64_t batch) const;
+  // A mode at another input side: activations scale with the area.
+  ModeEstimate at_size(const ModeEstimate& m, int64_t size) const;
   int64_t input_buffers(int64_t batch) const;
   // The peak of a training step at `batch`: the larger phase, plus the gradients the earlier
   // micro-batches of an accumulating step keep, the input buffers and the allocator's overhead.

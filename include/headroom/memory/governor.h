@@ -41,7 +41,8 @@ class GovernorHook : public train::Hook {
   void shrink(train::Trainer& t, const std::string& reason);
   std::shared_ptr<MemoryMonitor> monitor_;
   GovernorOptions o_;
-  int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, retries_at_start_ = 0, ooms_at_start_ = 0;
+  int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, retries_at_start_ = 0, ooms_at_start_ = 0,
+          epoch_peak_reserved_ = 0;
 };
 
 // Refuses (DeviceError naming the tensor) a model, EMA or optimizer state that is not on the

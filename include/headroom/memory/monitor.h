@@ -39,6 +39,8 @@ class MemoryMonitor {
   // Enforces a budget (0 lifts it). Allocations above it raise c10::OutOfMemoryError.
   virtual void set_limit(int64_t bytes) = 0;
   virtual void release_cache() = 0;       // returns cached blocks (CUDA emptyCache; CPU: nothing cached)
+  // Waits for the device's queued work. Only the estimator's probes call it, to time stages.
+  virtual void synchronize() {}
   c10::Device device() const { return device_; }
 
  protected:
