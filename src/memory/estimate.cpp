@@ -43,6 +43,7 @@ class Prober {
     pc.train.batch = 65536;  // micro-batch = whatever batch a probe passes
     pc.train.steps = 1;
     pc.train.amp = amp;
+    pc.data.cache = CacheMode::none;  // the probes never read images: no cache to build
     train::TrainerParts parts = train::make_trainer_parts(pc, monitor.device(), "", split, nullptr);
     const int64_t multiple = parts.model->info().input_multiple;
     size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).max_output_size(c.data.imgsz)
