@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "headroom/core/torch_compat.h"
+#include "headroom/memory/cpu_allocator.h"
 #include "headroom/models/detector.h"
 #include "headroom/train/amp.h"
 #include "headroom/train/ema.h"
@@ -234,4 +235,40 @@ TEST(Ema, FollowsTheDecayRamp) {
   EXPECT_EQ(ema.updates(), 1);
   EXPECT_TRUE(at::allclose(ema.model()->parameters()[0], w0 * d + (w0 + 1) * (1 - d), 1e-6, 1e-6));
   EXPECT_FALSE(ema.model()->parameters()[0].requires_grad());
+}
+
+TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
+  // The governor re-runs a step after an OOM: a half-applied update would be applied twice.
+  auto& alloc = memory::CountingCpuAllocator::install();
+  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}) {
+    at::manual_seed(5);
+    std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};
+    for (auto& p : params) p.set_requires_grad(true);
+    Optimizer opt({{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false}, {"bias", {params[1]}, 0.02, 0.9, 0.0, true}},
+                  OptimizerOptions().kind(kind).fused(false));
+    for (auto& p : params) p.mutable_grad() = at::randn(p.sizes());
+    opt.step();  // non-zero state
+    for (auto& p : params) p.mutable_grad() = at::randn(p.sizes());
+    int failures = 0;
+    for (int64_t n = 1; n < 200; ++n) {
+      std::vector<at::Tensor> before;
+      for (const auto& p : params) before.push_back(p.detach().clone());
+      for (const auto& t : opt.state_tensors()) before.push_back(t.clone());
+      alloc.inject_oom_after(n);
+      try {
+        opt.step();
+      } catch (const c10::OutOfMemoryError&) {
+        ++failures;
+        std::vector<at::Tensor> after;
+        for (const auto& p : params) after.push_back(p.detach());
+        for (const auto& t : opt.state_tensors()) after.push_back(t);
+        for (size_t i = 0; i < before.size(); ++i)
+          ASSERT_TRUE(at::equal(before[i], after[i])) << to_string(kind) << ": tensor " << i << " changed by a step that failed at allocation " << n;
+        continue;
+      }
+      alloc.inject_oom_after(0);
+      break;  // the step needed fewer than n allocations: every failure point was covered
+    }
+    EXPECT_GT(failures, 2) << to_string(kind);
+  }
 }

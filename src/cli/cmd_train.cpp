@@ -103,9 +103,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
     if (c.memory.activation_checkpointing == CheckpointMode::auto_) planner = memory::make_checkpoint_planner(c, train_split, *monitor, budget);
     if (run_dir.empty()) run_dir = open_run_dir(c);
     train::Trainer trainer(train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c)));
-    train::register_default_hooks(trainer);
+    monitor->set_limit(budget);  // enforced with or without the governor
+    // The governor first: its after_step reads the step's own peak before evaluation adds to it.
     if (c.memory.governor) trainer.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
     trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
+    train::register_default_hooks(trainer);
     if (planner)
       trainer.set_checkpoint_planner([planner, logged = std::make_shared<std::set<std::pair<int64_t, int64_t>>>()](int64_t size, int64_t micro) {
         const memory::StagePlan& p = planner->plan(size, micro);

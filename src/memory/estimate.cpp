@@ -22,7 +22,13 @@ class LimitGuard {
   LimitGuard(MemoryMonitor& m, int64_t budget) : m_(m), previous_(m.sample().limit) {
     if (budget > 0) m_.set_limit(budget);
   }
-  ~LimitGuard() { m_.set_limit(previous_); }
+  ~LimitGuard() {
+    try {
+      m_.set_limit(previous_);
+    } catch (const std::exception& e) {  // a destructor must not throw; the next set_limit says it again
+      spdlog::warn("memory: could not restore the allocator limit: {}", e.what());
+    }
+  }
   LimitGuard(const LimitGuard&) = delete;
   LimitGuard& operator=(const LimitGuard&) = delete;
 
@@ -241,6 +247,8 @@ ModeEstimate probe_mode(Prober& p, AmpMode amp, CheckpointMode ck, const std::ve
     m.per_image = (double(r1.step_peak) - fixed) / double(b1);
     m.update_peak = double(r1.update_peak);
     m.seconds_per_image = r1.seconds / double(b1);
+    for (size_t i = 0; i < p.stages().size(); ++i)
+      m.stages.push_back(StageBytes{p.stages()[i].name, r1.stage_bytes[i] / double(b1), r1.stage_seconds[i] / double(b1)});
   } else {
     m.fixed = -1;  // not even the smallest probe fits
   }
@@ -303,6 +311,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.max_boxes = p.rows();
   e.batch = c.train.batch;
   e.fixed = static_memory(p.trainer());
+  e.stages = p.stages().size();
   e.nominal_batch = c.train.nominal_batch;
   e.prefetch = c.data.prefetch;
   e.input_buffers_on_device = monitor.device().is_cpu();
@@ -480,9 +489,9 @@ const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
   const auto key = std::make_pair(size, micro);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   const ModeEstimate scaled = e_.at_size(plain_, size), scaled_ck = e_.at_size(checkpointed_, size);
-  const size_t n = scaled.stages.size();
+  const size_t n = e_.stages;  // the model's: a probe that did not fit measured none
   std::vector<double> saving(n, 0), cost(n, 0);
-  for (size_t i = 0; i < n && i < scaled_ck.stages.size(); ++i) {
+  for (size_t i = 0; i < n && i < scaled.stages.size() && i < scaled_ck.stages.size(); ++i) {
     saving[i] = std::max(0.0, scaled.stages[i].per_image - scaled_ck.stages[i].per_image) * double(micro);
     cost[i] = scaled.stages[i].seconds_per_image * double(micro);
   }
@@ -509,7 +518,7 @@ const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
 std::string CheckpointPlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
   std::string stages;
   for (size_t i = 0; i < p.checkpointed.size(); ++i)
-    if (p.checkpointed[i]) stages += (stages.empty() ? "" : ", ") + plain_.stages[i].name;
+    if (p.checkpointed[i]) stages += (stages.empty() ? "" : ", ") + (i < plain_.stages.size() ? plain_.stages[i].name : "stage " + std::to_string(i));
   const double step = std::max(p.step_seconds, 1e-12);
   return fmt::format("activation checkpointing auto at {} px, micro-batch {}: {}; predicted peak {} of {}{}; recompute +{:.0f}% "
                      "of the step (every stage: +{:.0f}%)",

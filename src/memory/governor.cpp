@@ -68,6 +68,8 @@ void GovernorHook::before_train(train::Trainer& t) {
                format_bytes(double(s.allocated)), t.micro_batch(), t.config().train.batch);
 }
 
+void GovernorHook::before_step(train::Trainer&) { monitor_->reset_peak(); }  // the peak of this step only
+
 void GovernorHook::shrink(train::Trainer& t, const std::string& reason) {
   const int64_t m = t.micro_batch();
   if (m > 1) {

@@ -1,4 +1,5 @@
 // CUDA side of the memory monitor; compiled only when the Torch found carries CUDA.
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
@@ -13,7 +14,14 @@ namespace alloc = c10::cuda::CUDACachingAllocator;
 
 class CudaMonitor final : public MemoryMonitor {
  public:
-  explicit CudaMonitor(c10::Device d) : MemoryMonitor(d), index_(d.has_index() ? d.index() : 0) {}
+  explicit CudaMonitor(c10::Device d) : MemoryMonitor(d), index_(d.has_index() ? d.index() : 0) {
+    // The caching allocator creates its per-device state with the first CUDA tensor; until then
+    // its statistics and memory fraction refuse the device. (The allocator settings are applied
+    // before this, so they still precede the first allocation that matters.)
+    (void)at::empty({1}, at::TensorOptions().dtype(at::kByte).device(d));
+    size_t free = 0;
+    device_info(free, total_);
+  }
   MemoryStats sample() const override {
     const auto st = alloc::getDeviceStats(index_);
     const size_t all = 0;  // StatType::AGGREGATE; the enum moved namespaces between 2.x releases
@@ -29,23 +37,24 @@ class CudaMonitor final : public MemoryMonitor {
     return s;
   }
   void reset_peak() override { alloc::resetPeakStats(index_); }
-  int64_t capacity() const override {
-    size_t free = 0, total = 0;
-    device_info(free, total);
-    return int64_t(total);
-  }
+  int64_t capacity() const override { return int64_t(total_); }
   int64_t available() const override {
     size_t free = 0, total = 0;
     device_info(free, total);
     return int64_t(free) + sample().reserved;
   }
   void set_limit(int64_t bytes) override {
-    const int64_t total = capacity();
     limit_ = bytes;
-    alloc::setMemoryFraction(bytes > 0 ? std::min(1.0, double(bytes) / double(total)) : 1.0, index_);
+    alloc::setMemoryFraction(bytes > 0 ? std::min(1.0, double(bytes) / double(total_)) : 1.0, index_);
   }
   void release_cache() override { alloc::emptyCache(); }
-  void synchronize() override { cudaDeviceSynchronize(); }
+  void synchronize() override {
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(index_);
+    cudaDeviceSynchronize();
+    cudaSetDevice(current);
+  }
 
  private:
   void device_info(size_t& free, size_t& total) const {
@@ -57,6 +66,7 @@ class CudaMonitor final : public MemoryMonitor {
     if (err != cudaSuccess) throw DeviceError(std::string("cudaMemGetInfo failed: ") + cudaGetErrorString(err));
   }
   c10::DeviceIndex index_;
+  size_t total_ = 0;
   int64_t limit_ = 0;
 };
 

@@ -21,9 +21,10 @@ void StarvationHook::reset(train::Trainer& t) {
 void StarvationHook::before_train(train::Trainer& t) { reset(t); }
 
 void StarvationHook::after_step(train::Trainer& t) {
-  // data_wait_seconds() sums this epoch's waits; the trainer zeroes it at the epoch's end.
-  const double wait = std::max(0.0, t.data_wait_seconds() - last_wait_);
-  last_wait_ = t.data_wait_seconds();
+  // data_wait_seconds() sums this epoch's waits; the trainer zeroes it after the epoch's hooks.
+  const double now = t.data_wait_seconds();
+  const double wait = now >= last_wait_ ? now - last_wait_ : now;
+  last_wait_ = now;
   cur_.wait += wait;
   cur_.steps += t.step_seconds();
   cur_.max_wait = std::max(cur_.max_wait, wait);

@@ -1,5 +1,7 @@
 #include "headroom/train/optimizer.h"
 
+#include <functional>
+
 #include <ATen/ATen.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -75,6 +77,7 @@ void Optimizer::zero_grad() {
 void Optimizer::step(const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   if (!fused_ && found_inf.defined() && found_inf.item<float>() != 0) return;  // host check: no fused kernels
+  std::vector<std::function<void()>> commits;
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     State& s = state_[i];
@@ -91,10 +94,12 @@ void Optimizer::step(const at::Tensor& found_inf) {
     if (params.empty()) continue;
     active.step = s.step;
     if (fused_)
-      step_fused(g, active, params, grads, found_inf);
+      step_fused(g, active, params, grads, found_inf);  // in-place kernels: nothing to allocate
     else
-      step_foreach(g, active, params, grads);
+      commits.push_back(stage_foreach(g, active, params, grads));
   }
+  // Every group's allocations are done: an out-of-memory error above left all groups untouched.
+  for (const auto& commit : commits) commit();
 }
 
 void Optimizer::step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
@@ -125,10 +130,16 @@ void Optimizer::step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& par
 #endif
 }
 
-void Optimizer::step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads) {
-  // Everything that allocates comes first, then in-place commits that allocate nothing: an
-  // out-of-memory error leaves parameters and state untouched, so the governor can re-run the step.
+std::function<void()> Optimizer::stage_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params,
+                                               std::vector<at::Tensor>& grads) {
+  // Everything that allocates happens here; the returned commit only writes in place and
+  // allocates nothing, so an out-of-memory error leaves parameters and state untouched and the
+  // governor can re-run the step.
   const double lr = g.lr, wd = g.weight_decay, m = g.momentum;
+  const at::Tensor step = s.step;
+  // In-place ops with a plain number wrap it in a fresh tensor (an allocation): the commit uses
+  // tensors made here instead.
+  const at::Tensor one = at::ones({}, s.step.options());
   if (options_.kind() == OptimizerKind::sgd) {
     std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params, wd) : grads;
     std::vector<at::Tensor> buf;
@@ -137,10 +148,11 @@ void Optimizer::step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& p
       at::_foreach_add_(buf, d);
       d = options_.nesterov() ? at::_foreach_add(d, buf, m) : buf;
     }
-    for (size_t j = 0; j < buf.size(); ++j) s.buf1[j].copy_(buf[j]);
-    at::_foreach_add_(params, d, -lr);
-    s.step.add_(1);
-    return;
+    return [params, d, buf, state = s.buf1, step, one, lr]() mutable {
+      for (size_t j = 0; j < buf.size(); ++j) state[j].copy_(buf[j]);
+      at::_foreach_add_(params, d, -lr);
+      step.add_(one);
+    };
   }
   const double t = s.step.item<double>() + 1;
   const double beta2 = options_.beta2();
@@ -154,10 +166,16 @@ void Optimizer::step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& p
   std::vector<at::Tensor> denom = at::_foreach_sqrt(b2);
   at::_foreach_div_(denom, std::sqrt(bc2));
   at::_foreach_add_(denom, options_.eps());
-  for (size_t j = 0; j < b1.size(); ++j) s.buf1[j].copy_(b1[j]), s.buf2[j].copy_(b2[j]);
-  if (decoupled && wd != 0) at::_foreach_mul_(params, 1 - lr * wd);
-  at::_foreach_addcdiv_(params, b1, denom, -lr / bc1);
-  s.step.add_(1);
+  const bool decays = decoupled && wd != 0;
+  const at::Tensor decay = at::full({}, 1 - lr * wd, params.front().options());
+  const double rate = -lr / bc1;
+  return [params, b1, b2, denom, m1 = s.buf1, m2 = s.buf2, step, one, decays, decay, rate]() mutable {
+    for (size_t j = 0; j < b1.size(); ++j) m1[j].copy_(b1[j]), m2[j].copy_(b2[j]);
+    if (decays)
+      for (auto& p : params) p.mul_(decay);
+    at::_foreach_addcdiv_(params, b1, denom, rate);
+    step.add_(one);
+  };
 }
 
 void Optimizer::save(torch::serialize::OutputArchive& archive) const {

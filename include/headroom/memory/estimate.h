@@ -52,6 +52,7 @@ struct MemoryEstimate {
   int64_t max_boxes = 0;      // label rows per image in the probe (densest image, x4 mosaic, x2 mixup)
   int64_t batch = 0;          // the configured batch
   StaticMemory fixed;
+  size_t stages = 0;         // the model's stages (DetectorImpl::stages())
   int64_t nominal_batch = 0, prefetch = 0;
   // Host-side batches the loader keeps (prefetch, plus the step's own): counted against the
   // budget on the CPU, whose memory they share; on CUDA they are host memory.

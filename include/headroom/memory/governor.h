@@ -9,6 +9,8 @@
 //    the peak crosses budget - headroom or allocation retries grow on consecutive steps (the
 //    allocator thrashing), and optionally grows back after a stable stretch.
 // Every decision is logged with its reason and kept in TrainState (so in checkpoints).
+// Register it before the other hooks: its after_step then reads the step's own peak, before
+// validation or checkpoint writing add theirs.
 #pragma once
 
 #include <torch/arg.h>
@@ -33,6 +35,7 @@ class GovernorHook : public train::Hook {
  public:
   GovernorHook(std::shared_ptr<MemoryMonitor> monitor, GovernorOptions options);
   void before_train(train::Trainer& t) override;
+  void before_step(train::Trainer& t) override;
   void after_step(train::Trainer& t) override;
   void after_epoch(train::Trainer& t) override;
   bool on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) override;

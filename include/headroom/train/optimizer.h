@@ -9,6 +9,7 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,8 @@ class Optimizer {
   };
   void step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                   const at::Tensor& found_inf);
-  void step_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads);
+  // Allocates the group's update and returns its in-place commit (multi-tensor path).
+  std::function<void()> stage_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads);
 
   std::vector<ParamGroup> groups_;
   std::vector<State> state_;

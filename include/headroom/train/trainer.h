@@ -153,7 +153,8 @@ class Trainer {
   int64_t micro_batch() const;
   void set_micro_batch(int64_t images) { state_.micro_batch = images; }
   void set_activation_checkpointing(CheckpointMode mode);
-  // Switches mixed precision on (bf16 on the CPU; the device's best on CUDA); false when it was on.
+  // Switches mixed precision on (bf16 on the CPU; on CUDA what train.amp: auto picks, fp16 with
+  // a loss scaler); false when it was on.
   bool enable_amp();
   void record_memory_decision(std::string action, std::string reason);
   int64_t accumulate() const { return accumulate_; }
