@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "headroom/core/device.h"
 #include "headroom/data/cache.h"
 #include "headroom/data/loader.h"
 #include "test_util.h"
@@ -114,7 +115,7 @@ TEST(Cache, RamCacheIsRefusedWhenMemoryIsShort) {
   o.mode = CacheMode::ram;
   // A canvas so large that 26 of them exceed the free memory of whatever machine runs this;
   // nothing is allocated, the check comes first.
-  o.canvas = static_cast<int>(std::ceil(std::sqrt(double(available_memory_bytes()) / (3.0 * 26)))) + 1;
+  o.canvas = static_cast<int>(std::ceil(std::sqrt(double(host_memory().available) / (3.0 * 26)))) + 1;
   EXPECT_EQ(DecodedCache::open(*split, o), nullptr);
 }
 

@@ -12,6 +12,18 @@ namespace headroom {
 DeviceMemory cuda_device_memory(int index);  // device_cuda.cpp
 #endif
 
+HostMemory host_memory() {
+  HostMemory h;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") h.total = kb * 1024;
+    if (key == "MemAvailable:") h.available = kb * 1024;
+  }
+  return h;
+}
+
 DeviceMemory device_memory(c10::Device device) {
 #ifdef HEADROOM_WITH_CUDA
   if (device.is_cuda()) return cuda_device_memory(device.has_index() ? device.index() : 0);

@@ -8,10 +8,10 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
@@ -94,16 +94,6 @@ uint64_t cache_key(const Split& split, int canvas) {
   return h;
 }
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 DecodedCache::~DecodedCache() {
   if (map_) ::munmap(map_, map_bytes_);
 }
@@ -142,7 +132,7 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
   const double need = double(c->slot_bytes_) * n;
 
   if (o.mode == CacheMode::ram) {
-    const int64_t avail = available_memory_bytes();
+    const int64_t avail = host_memory().available;
     if (need > 0.8 * double(avail)) {
       spdlog::warn("data.cache=ram: not caching split '{}': it needs {} but only {} of memory is available; "
                    "reading images from disk instead (use data.cache=disk, or a smaller data.imgsz)",

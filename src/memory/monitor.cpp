@@ -1,7 +1,6 @@
 #include "headroom/memory/monitor.h"
 
-#include <fstream>
-
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
@@ -16,15 +15,6 @@ void set_cuda_allocator_settings(const std::string& settings);
 
 namespace {
 
-int64_t meminfo(const char* key) {
-  std::ifstream in("/proc/meminfo");
-  std::string k, unit;
-  int64_t kb = 0;
-  while (in >> k >> kb >> unit)
-    if (k == key) return kb * 1024;
-  return 0;
-}
-
 class CpuMonitor final : public MemoryMonitor {
  public:
   CpuMonitor() : MemoryMonitor(c10::Device(c10::kCPU)), alloc_(CountingCpuAllocator::install()) {}
@@ -37,8 +27,8 @@ class CpuMonitor final : public MemoryMonitor {
     return s;
   }
   void reset_peak() override { alloc_.reset_peak(); }
-  int64_t capacity() const override { return meminfo("MemTotal:"); }
-  int64_t available() const override { return meminfo("MemAvailable:") + alloc_.current(); }
+  int64_t capacity() const override { return host_memory().total; }
+  int64_t available() const override { return host_memory().available + alloc_.current(); }
   void set_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
   void release_cache() override {}
 

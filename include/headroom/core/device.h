@@ -50,4 +50,10 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(c10::Device device);
 
+// The host's memory from /proc/meminfo: MemTotal and MemAvailable, in bytes (0 when unknown).
+struct HostMemory {
+  int64_t total = 0, available = 0;
+};
+HostMemory host_memory();
+
 }  // namespace headroom

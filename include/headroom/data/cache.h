@@ -65,7 +65,5 @@ class DecodedCache {
   bool rebuilt_ = false;
 };
 
-// Bytes the kernel reports as available (MemAvailable), for the RAM cache check.
-int64_t available_memory_bytes();
 
 }  // namespace headroom::data
