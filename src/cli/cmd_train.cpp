@@ -95,7 +95,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       spdlog::info("train.batch auto: {} (the largest step under {} of the {} budget; steps tried: {}); accumulation {} keeps "
                    "train.nominal_batch {}",
                    a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)), tried,
-                   std::max<int64_t>(std::llround(double(c.train.nominal_batch) / double(a.batch)), 1), c.train.nominal_batch);
+                   train::accumulation_steps(c.train.nominal_batch, a.batch), c.train.nominal_batch);
       c.train.batch = int(a.batch);
       c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
     }

@@ -270,7 +270,7 @@ const ModeEstimate& MemoryEstimate::configured() const {
 }
 
 int64_t MemoryEstimate::accumulate(int64_t b) const {
-  return std::max<int64_t>(std::llround(double(nominal_batch) / double(b)), 1);
+  return train::accumulation_steps(nominal_batch, b);
 }
 
 ModeEstimate MemoryEstimate::at_size(const ModeEstimate& m, int64_t size) const {

@@ -38,6 +38,10 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
   return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
 }
 
+int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
+  return std::max<int64_t>(std::llround(double(nominal_batch) / double(batch)), 1);
+}
+
 std::shared_ptr<const data::Split> load_val_split(const Config& c) {
   if (data::read_data_yaml(c.data.dataset).split("val")) return std::make_shared<const data::Split>(data::load_split(c, "val"));
   spdlog::warn("{}: no val split; the run trains without validation and best.pt", c.data.dataset);
@@ -79,7 +83,7 @@ Trainer::Trainer(TrainerParts parts)
   loader_ = std::make_unique<data::Loader>(train_split_, data::loader_options(config_, *train_split_, /*training=*/true, device_.is_cuda()));
   const TrainConfig& t = config_.train;
   const int64_t nb = loader_->batches_per_epoch();
-  accumulate_ = std::max<int64_t>(std::llround(double(t.nominal_batch) / double(t.batch)), 1);
+  accumulate_ = accumulation_steps(t.nominal_batch, t.batch);
   steps_per_epoch_ = (nb + accumulate_ - 1) / accumulate_;
   total_steps_ = t.steps > 0 ? t.steps : int64_t(t.epochs) * steps_per_epoch_;
   epochs_ = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;

@@ -94,6 +94,9 @@ struct TrainerParts {
   std::unique_ptr<losses::DetectionLoss> loss;  // null = the model family's loss from the config
 };
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir);
+// Loader batches summed per optimizer step: Ultralytics' max(round(nominal / batch), 1).
+int64_t accumulation_steps(int64_t nominal_batch, int64_t batch);
+
 // The config's val split, or null (with a warning) when the data set has none.
 std::shared_ptr<const data::Split> load_val_split(const Config& c);
 // The same with the splits already loaded (val may be null).
