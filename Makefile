@@ -39,6 +39,7 @@ bench: build
 	$(BUILD)/bench_loader --out $(BUILD)/bench-data
 	$(BUILD)/bench_augment
 	$(BUILD)/bench_memory --data $(BUILD)/bench-memory-data
+	$(BUILD)/bench_checkpoint --dir $(BUILD)/bench-checkpoint
 
 $(CUDA_BUILD)/venv/.torch-installed:
 	bash scripts/install-deps.sh --cuda

@@ -32,7 +32,7 @@ struct Case {
 
 // Peak of `steps` real training steps at `batch` (after one warm-up step) above what was in use
 // before the trainer, loader buffers included; -1 when a step runs out of memory.
-int64_t measured_peak(const Config& c, const std::shared_ptr<const data::Split>& split, memory::MemoryMonitor& m, int64_t budget,
+int64_t measured_peak(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& m, int64_t budget,
                       int steps) {
   m.release_cache();
   const int64_t base = m.sample().allocated;
@@ -46,7 +46,7 @@ int64_t measured_peak(const Config& c, const std::shared_ptr<const data::Split>&
     for (int i = 0; i < steps && t.state().batch < t.loader().batches_per_epoch(); ++i) t.run_step();
     peak = m.sample().peak_allocated - base;
   } catch (const c10::Error& e) {
-    if (!memory::is_out_of_memory(e)) throw;
+    if (!is_out_of_memory(e)) throw;
   }
   m.set_limit(0);
   m.release_cache();
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   set_intra_op_threads(AutoInt{});
   const c10::Device device = resolve_device(device_spec, query_cuda()).device;
-  std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(device);
+  std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);
 
   data::SynthOptions so;
   so.out = data_dir;

@@ -1,7 +1,7 @@
 // bench_models: per model and size, the forward time (inference) and the training step
 // (forward + backward) time and memory on the CPU, measured with the counting allocator:
 // parameters + gradients (the baseline) and the activation peak above it, for each
-// activation-checkpointing mode asked for. One JSON line per measurement.
+// recompute mode asked for (activation checkpointing). One JSON line per measurement.
 //   bench_models [--only NAME] [--repeat 2]
 #include <CLI/CLI.hpp>
 
@@ -25,7 +25,7 @@ namespace {
 struct Case {
   std::string name, file;
   int64_t imgsz, batch;
-  std::vector<CheckpointMode> modes;
+  std::vector<RecomputeMode> modes;
 };
 
 at::Tensor loss_of(const HeadOutputs& o) {
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
   auto& alloc = memory::CountingCpuAllocator::install();
 
   const std::string dir = std::string(HEADROOM_SOURCE_DIR) + "/models/";
-  const std::vector<CheckpointMode> off = {CheckpointMode::off};
-  const std::vector<CheckpointMode> every = {CheckpointMode::off, CheckpointMode::stages, CheckpointMode::all};
+  const std::vector<RecomputeMode> off = {RecomputeMode::off};
+  const std::vector<RecomputeMode> every = {RecomputeMode::off, RecomputeMode::stages, RecomputeMode::all};
   const std::vector<Case> cases = {
       {"yolov8n", "yolov8n.yaml", 320, 1, off},      {"yolov8n", "yolov8n.yaml", 640, 1, every},
       {"yolov8s", "yolov8s.yaml", 640, 1, off},      {"yolov5s", "yolov5s.yaml", 640, 1, off},
@@ -87,26 +87,26 @@ int main(int argc, char** argv) {
     d->train();
     double off_step = 0;
     int64_t off_peak = 0;
-    for (CheckpointMode mode : c.modes) {
-      d->set_activation_checkpointing(mode);
+    for (RecomputeMode mode : c.modes) {
+      d->set_recompute(mode);
       loss_of(d->forward(x)).backward();  // warm-up; allocates the gradients
       d->zero_grad(/*set_to_none=*/false);
       const memory::StepMemory m = memory::measure_cpu_step([&] { loss_of(d->forward(x)).backward(); });
       const double step_s = std::min(m.seconds, seconds_of([&] { loss_of(d->forward(x)).backward(); }, repeat - 1 > 0 ? repeat - 1 : 0) );
-      if (mode == CheckpointMode::off) off_step = step_s, off_peak = m.above_baseline();
+      if (mode == RecomputeMode::off) off_step = step_s, off_peak = m.above_baseline();
       Json j = Json::object();
       j["bench"] = "models";
       j["model"] = c.name;
       j["imgsz"] = c.imgsz;
       j["batch"] = c.batch;
-      j["checkpointing"] = to_string(mode);
+      j["recompute"] = to_string(mode);
       j["params"] = d->parameter_count();
       j["forward_s"] = forward_s;
       j["train_step_s"] = step_s;
       j["param_and_grad_bytes"] = 2 * param_bytes;
       j["baseline_bytes"] = m.baseline;
       j["activation_peak_bytes"] = m.above_baseline();
-      if (mode != CheckpointMode::off) {
+      if (mode != RecomputeMode::off) {
         j["activation_drop"] = 1.0 - double(m.above_baseline()) / double(off_peak);
         j["step_time_ratio"] = step_s / off_step;
       }

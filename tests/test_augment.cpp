@@ -324,7 +324,7 @@ TEST(Augment, ApplyKeepsSurvivorsFirstWithinTheRowBound) {
 TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   AugmentOptions o;
   o.multi_scale = 0.5;
-  const augment::Augmenter a(o, 0, 32, 10);
+  const augment::Augmenter a(augment::AugmenterOptions().policy(o).epochs(10));
   std::set<int64_t> seen;
   for (int64_t i = 0; i < 200; ++i) {
     const int64_t s = a.output_size(640, 0, i);
@@ -337,7 +337,7 @@ TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   EXPECT_EQ(a.output_size(640, 0, 3), a.output_size(640, 0, 3));
   EXPECT_EQ(a.max_output_size(640), 960);
   o.close_mosaic = 3;
-  const augment::Augmenter closing(o, 0, 32, 10);
+  const augment::Augmenter closing(augment::AugmenterOptions().policy(o).epochs(10));
   EXPECT_TRUE(closing.mosaic_in_epoch(6));
   EXPECT_FALSE(closing.mosaic_in_epoch(7));
 }

@@ -127,7 +127,7 @@ TEST(Cli, MemoryPrintsTheEstimateTable) {
   const std::string cfg = tiny_run_config(dir);
   test::RunResult r = test::run_trainer("memory --config " + cfg + " --budget 1GiB" + tiny_model_args());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* part : {"parameters", "optimizer state", "EMA", "fp32  (this config)", "amp bf16 + checkpointing all",
+  for (const char* part : {"parameters", "optimizer state", "EMA", "fp32  (this config)", "amp bf16 + recompute all",
                            "largest batch under 922 MiB", "loss and assigner workspace"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   r = test::run_trainer("memory --config " + cfg + " --budget 0.5 --json" + tiny_model_args());

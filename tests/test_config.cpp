@@ -34,7 +34,7 @@ TEST(Config, DefaultsWithoutFile) {
   EXPECT_EQ(c.train.batch, 16);
   EXPECT_EQ(c.data.imgsz, 640);
   EXPECT_TRUE(c.data.workers.is_auto);
-  EXPECT_EQ(c.data.cache, CacheMode::none);
+  EXPECT_EQ(c.data.cache, "none");
   EXPECT_EQ(c.device, "auto");
   EXPECT_EQ(c.where("train.batch"), "default train.batch");
 }
@@ -46,7 +46,7 @@ TEST(Config, ReadsSectionsAndRecordsOrigins) {
   EXPECT_EQ(c.train.batch, 4);
   EXPECT_FALSE(c.data.workers.is_auto);
   EXPECT_EQ(c.data.workers.value, 3);
-  EXPECT_EQ(c.data.cache, CacheMode::disk);
+  EXPECT_EQ(c.data.cache, "disk");
   EXPECT_EQ(c.data.imgsz, 320);
   EXPECT_EQ(c.where("train.batch"), path + ":4:3");
 }
@@ -82,7 +82,7 @@ TEST(Config, OverridesApplyAfterTheFileAndAreValidatedTheSameWay) {
   const Config c = load_config(path, {"train.batch=16", "data.workers=4", "data.cache=ram"});
   EXPECT_EQ(c.train.batch, 16);
   EXPECT_EQ(c.data.workers.value, 4);
-  EXPECT_EQ(c.data.cache, CacheMode::ram);
+  EXPECT_EQ(c.data.cache, "ram");
   EXPECT_EQ(c.where("train.batch"), "command line 'train.batch=16'");
 
   const std::string err = load_error(path, {"train.bach=3", "train.batch=0", "nonsense"});
@@ -92,8 +92,8 @@ TEST(Config, OverridesApplyAfterTheFileAndAreValidatedTheSameWay) {
 }
 
 TEST(Config, UltralyticsCacheBooleansMeanRamAndNone) {
-  EXPECT_EQ(load_config("", {"data.cache=true"}).data.cache, CacheMode::ram);
-  EXPECT_EQ(load_config("", {"data.cache=false"}).data.cache, CacheMode::none);
+  EXPECT_EQ(load_config("", {"data.cache=true"}).data.cache, "ram");
+  EXPECT_EQ(load_config("", {"data.cache=false"}).data.cache, "none");
 }
 
 TEST(Config, SectionsAreNotValues) {

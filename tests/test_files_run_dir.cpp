@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <filesystem>
 
 #include "headroom/core/config.h"
@@ -12,6 +16,27 @@
 using namespace headroom;
 namespace fs = std::filesystem;
 
+namespace {
+std::atomic<bool> g_fail_fsync{false};
+
+int open_descriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+}  // namespace
+
+// The C library's fsync as this test binary sees it: Headroom's files.cpp (linked statically)
+// calls this one, which fails on request like a disk that reports EIO, and passes through
+// otherwise.
+extern "C" int fsync(int fd) {
+  if (g_fail_fsync.load()) {
+    errno = EIO;
+    return -1;
+  }
+  return int(::syscall(SYS_fsync, fd));
+}
+
 TEST(Files, AtomicWriteReplacesWholeAndLeavesNoTemporaries) {
   const std::string dir = test::temp_dir("atomic");
   const std::string path = dir + "/f.txt";
@@ -23,6 +48,51 @@ TEST(Files, AtomicWriteReplacesWholeAndLeavesNoTemporaries) {
   EXPECT_EQ(files, 1);
   EXPECT_THROW(write_file_atomic(dir + "/missing/f.txt", "x"), Error);
   EXPECT_EQ(read_file(path), "second, longer");
+}
+
+// A failed fsync leaves the previous file whole, no temporary file, and no descriptor open.
+TEST(Files, AFailedFsyncKeepsTheOldFileAndLeaksNoDescriptor) {
+  const std::string dir = test::temp_dir("fsync");
+  const std::string path = dir + "/f.txt";
+  write_file_atomic(path, "kept");
+  const int before = open_descriptors();
+  g_fail_fsync = true;
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(write_file_atomic(path, "lost"), Error);
+  try {
+    AtomicFile f(dir + "/g.txt");
+    f.write("abc", 3);
+    f.commit();
+    ADD_FAILURE() << "commit succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flush failed"), std::string::npos) << e.what();
+  }
+  g_fail_fsync = false;
+  EXPECT_EQ(open_descriptors(), before);
+  EXPECT_EQ(read_file(path), "kept");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+}
+
+// Streamed writes, a copy, and a writer dropped before its commit.
+TEST(Files, AtomicFilesStreamCopyAndVanishWhenNotCommitted) {
+  const std::string dir = test::temp_dir("stream");
+  {
+    AtomicFile f(dir + "/a.bin");
+    for (int i = 0; i < 1000; ++i) f.write("0123456789", 10);
+    f.commit();
+  }
+  EXPECT_EQ(fs::file_size(dir + "/a.bin"), 10000u);
+  copy_file_atomic(dir + "/a.bin", dir + "/b.bin");
+  EXPECT_EQ(read_file(dir + "/b.bin"), read_file(dir + "/a.bin"));
+  {
+    AtomicFile f(dir + "/b.bin");
+    f.write("x", 1);
+  }  // not committed: b.bin keeps its contents, and no temporary file remains
+  EXPECT_EQ(fs::file_size(dir + "/b.bin"), 10000u);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 2);
 }
 
 TEST(RunDir, PicksAFreshNameUnlessReuseIsAsked) {

@@ -19,27 +19,44 @@ using namespace headroom::test;
 
 namespace {
 
-std::shared_ptr<memory::MemoryMonitor> cpu_monitor() { return memory::make_memory_monitor(c10::Device(c10::kCPU)); }
+std::shared_ptr<MemoryMonitor> cpu_monitor() { return memory::make_memory_monitor(c10::Device(c10::kCPU)); }
 
-// Strikes an out-of-memory error `after` allocations into the forward of step `step` (the
-// first attempt, or every attempt when `every`).
+// Calls `fire` at a step phase of step `step` (the first attempt, or every attempt when `every`).
+class AtPhase : public train::Hook {
+ public:
+  AtPhase(int64_t step, train::StepPhase phase, bool every, std::function<void()> fire)
+      : step_(step), phase_(phase), every_(every), fire_(std::move(fire)) {}
+  void after_phase(train::Trainer& t, train::StepPhase phase) override {
+    if (phase != phase_ || t.state().step != step_ || (fired_ && !every_)) return;
+    fired_ = true;
+    fire_();
+  }
+
+ private:
+  int64_t step_;
+  train::StepPhase phase_;
+  bool every_, fired_ = false;
+  std::function<void()> fire_;
+};
+
+// Strikes an out-of-memory error `after` allocations into the forward of step `step`.
 void inject_at(train::Trainer& t, int64_t step, int64_t after, bool every = false) {
-  auto fired = std::make_shared<bool>(false);
-  t.set_phase_observer([&t, step, after, every, fired](const char* phase) {
-    if (std::string(phase) == "input" && t.state().step == step && (every || !*fired)) {
-      *fired = true;
-      memory::CountingCpuAllocator::install().inject_oom_after(after);
-    }
-  });
+  t.register_hook(std::make_unique<AtPhase>(step, train::StepPhase::input, every,
+                                            [after] { memory::CountingCpuAllocator::install().inject_oom_after(after); }));
 }
 
-double relative_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  double worst = 0, largest = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-    largest = std::max(largest, b[i].abs().max().item<double>());
-  }
-  return worst / std::max(largest, 1e-12);
+// The governor registered on `t`, kept for its decisions.
+memory::Governor* govern(train::Trainer& t, memory::GovernorOptions o = {}, std::shared_ptr<memory::RecomputePlanner> planner = nullptr) {
+  auto g = std::make_unique<memory::Governor>(o, std::move(planner));
+  memory::Governor* raw = g.get();
+  t.register_hook(std::move(g));
+  return raw;
+}
+
+std::vector<std::string> actions(const memory::Governor& g) {
+  std::vector<std::string> out;
+  for (const auto& d : g.decisions()) out.push_back(d.action);
+  return out;
 }
 
 std::vector<at::Tensor> buffers_of(models::DetectorImpl& m) {
@@ -51,59 +68,59 @@ std::vector<at::Tensor> buffers_of(models::DetectorImpl& m) {
 }  // namespace
 
 TEST(Governor, AnOomAtStepKEndsWithTheWeightsOfTheSmallerMicroBatchFromTheStart) {
-  auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.steps=6", "train.warmup_epochs=0", "train.ema=true"}));
   std::vector<std::vector<at::Tensor>> weights;
-  std::vector<train::TrainState> states;
+  std::vector<int64_t> images;
+  std::vector<memory::MemoryDecision> decisions;
+  int64_t micro = 0;
   for (bool inject : {true, false}) {
     train::TrainerParts parts = parts_for(c, temp_dir(inject ? "gov-oom" : "gov-small"));
-    parts.loss = std::make_unique<PerImageSumLoss>();  // sums over images: split-invariant
+    parts.loss = std::make_unique<PerImageSumLoss>();
     train::Trainer t(std::move(parts));
     t.register_hook(std::make_unique<EvalModeBatchNorm>());  // batch statistics independent of the split
-    t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+    memory::Governor* g = govern(t);
     if (inject)
       inject_at(t, 3, 200);
     else
-      t.set_micro_batch(2);
+      g->set_micro_batch(2);
     t.train();
     weights.push_back(params_of(t.model()));
-    states.push_back(t.state());
+    images.push_back(t.state().images);
+    if (inject) decisions = g->decisions(), micro = g->micro_batch(t);
+    EXPECT_EQ(t.state().step, 6);
   }
-  EXPECT_EQ(states[0].step, 6);
-  EXPECT_EQ(states[0].images, states[1].images);  // no sample lost or repeated
-  EXPECT_EQ(states[0].micro_batch, 2);
-  ASSERT_EQ(states[0].memory_decisions.size(), 1u);
-  EXPECT_EQ(states[0].memory_decisions[0].step, 4);
-  EXPECT_EQ(states[0].memory_decisions[0].action, "micro_batch 4 -> 2");
-  EXPECT_NE(states[0].memory_decisions[0].reason.find("injected"), std::string::npos);
+  EXPECT_EQ(images[0], images[1]);  // no sample lost or repeated
+  EXPECT_EQ(micro, 2);
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_EQ(decisions[0].step, 4);
+  EXPECT_EQ(decisions[0].action, "micro_batch 4 -> 2");
+  EXPECT_NE(decisions[0].reason.find("injected"), std::string::npos);
   EXPECT_LE(relative_difference(weights[0], weights[1]), 1e-5);
 }
 
 TEST(Governor, AnOomInTheFirstForwardIsUndoneExactlyWithTheRealLossAndBatchNorm) {
   // The failed attempt has already updated some BatchNorm statistics; the re-run must not see them.
-  auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.steps=3", "train.warmup_epochs=0"}));
   std::vector<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> out;
   for (bool inject : {true, false}) {
     train::Trainer t(parts_for(c, temp_dir(inject ? "gov-first-oom" : "gov-first-small")));
-    t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+    memory::Governor* g = govern(t);
     if (inject)
       inject_at(t, 0, 400);
     else
-      t.set_micro_batch(2);
+      g->set_micro_batch(2);
     t.train();
-    EXPECT_EQ(t.micro_batch(), 2);
+    EXPECT_EQ(g->micro_batch(t), 2);
     out.emplace_back(params_of(t.model()), buffers_of(t.model()));
   }
   for (size_t i = 0; i < out[0].first.size(); ++i) ASSERT_TRUE(at::equal(out[0].first[i], out[1].first[i])) << "parameter " << i;
   for (size_t i = 0; i < out[0].second.size(); ++i) ASSERT_TRUE(at::equal(out[0].second[i], out[1].second[i])) << "buffer " << i;
 }
 
-TEST(Governor, TheLadderHalvesCheckpointsSwitchesAmpThenStopsWithTheTable) {
-  auto monitor = cpu_monitor();
+TEST(Governor, TheLadderHalvesRecomputesSwitchesAmpThenStopsWithTheTable) {
   const Config c = load_config("", tiny_run({"train.steps=2", "train.warmup_epochs=0"}));
   train::Trainer t(parts_for(c, temp_dir("gov-ladder")));
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+  memory::Governor* g = govern(t, memory::governor_options(c, 0));
   inject_at(t, 0, 100, /*every=*/true);
   try {
     t.train();
@@ -114,58 +131,133 @@ TEST(Governor, TheLadderHalvesCheckpointsSwitchesAmpThenStopsWithTheTable) {
     EXPECT_NE(what.find("parameters"), std::string::npos) << what;
     EXPECT_NE(what.find("data.imgsz=32"), std::string::npos) << what;
   }
-  std::vector<std::string> actions;
-  for (const auto& d : t.state().memory_decisions) actions.push_back(d.action);
-  EXPECT_EQ(actions, (std::vector<std::string>{"micro_batch 4 -> 2", "micro_batch 2 -> 1", "activation_checkpointing all", "amp bf16"}));
+  EXPECT_EQ(actions(*g), (std::vector<std::string>{"micro_batch 4 -> 2", "micro_batch 2 -> 1", "activation_checkpointing all", "amp bf16"}));
   EXPECT_EQ(t.state().step, 0);
 }
 
-TEST(Governor, WithoutAmpAllowedTheLadderStopsAfterCheckpointing) {
-  auto monitor = cpu_monitor();
+TEST(Governor, WithoutAmpAllowedTheLadderStopsAfterRecompute) {
   const Config c = load_config("", tiny_run({"train.steps=2", "train.batch=2", "memory.allow_amp=false"}));
   train::Trainer t(parts_for(c, temp_dir("gov-no-amp")));
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, 0)));
+  memory::Governor* g = govern(t, memory::governor_options(c, 0));
   inject_at(t, 0, 100, true);
   EXPECT_THROW(t.train(), Error);
-  ASSERT_EQ(t.state().memory_decisions.size(), 2u);
-  EXPECT_EQ(t.state().memory_decisions.back().action, "activation_checkpointing all");
-  EXPECT_EQ(t.amp(), AmpMode::off);
+  ASSERT_EQ(g->decisions().size(), 2u);
+  EXPECT_EQ(g->decisions().back().action, "activation_checkpointing all");
+  EXPECT_EQ(t.amp(), train::AmpMode::off);
+}
+
+TEST(Governor, WithTheGovernorOffAnOomStopsTheRunWithTheTable) {
+  const Config c = load_config("", tiny_run({"train.steps=2", "memory.governor=false"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-off")));
+  memory::Governor* g = govern(t, memory::governor_options(c, 0));
+  inject_at(t, 0, 100);
+  try {
+    t.train();
+    FAIL();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("memory.governor is off"), std::string::npos) << what;
+    EXPECT_NE(what.find("optimizer state"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(g->decisions().empty());
+}
+
+// A cuDNN failure that is often an allocation failure in disguise: one smaller try; when it
+// persists at micro-batch 1 the run stops naming it, not calling it an out-of-memory error.
+TEST(Governor, ACudnnErrorIsRetriedSmallerAndStopsTheRunNamedWhenItPersists) {
+  const auto cudnn = [] { TORCH_CHECK(false, "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"); };
+  const Config c = load_config("", tiny_run({"train.steps=2", "train.warmup_epochs=0"}));
+  {
+    train::Trainer t(parts_for(c, temp_dir("gov-cudnn-once")));
+    memory::Governor* g = govern(t);
+    t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::forward, false, cudnn));
+    t.train();
+    EXPECT_EQ(t.state().step, 2);
+    EXPECT_EQ(actions(*g), std::vector<std::string>{"micro_batch 4 -> 2"});
+    EXPECT_NE(g->decisions()[0].reason.find("CUDNN_STATUS_INTERNAL_ERROR"), std::string::npos);
+  }
+  train::Trainer t(parts_for(c, temp_dir("gov-cudnn-always")));
+  memory::Governor* g = govern(t);
+  t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::forward, true, cudnn));
+  try {
+    t.train();
+    FAIL();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuDNN error persists at micro-batch 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("CUDNN_STATUS_INTERNAL_ERROR"), std::string::npos) << what;
+    EXPECT_EQ(what.find("out of memory"), std::string::npos) << what;
+  }
+  EXPECT_EQ(actions(*g), (std::vector<std::string>{"micro_batch 4 -> 2", "micro_batch 2 -> 1"}));
+  EXPECT_EQ(t.state().step, 1);
 }
 
 TEST(Governor, DecisionsAreSavedInCheckpointsAndResumeKeepsThem) {
-  auto monitor = cpu_monitor();
   const std::string dir = temp_dir("gov-resume");
   const Config c = load_config("", tiny_run({"train.steps=2"}));
   {
     train::Trainer t(parts_for(c, dir));
-    t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+    memory::Governor* g = govern(t);
     inject_at(t, 1, 150);
     t.train();
-    ASSERT_EQ(t.micro_batch(), 2);
+    ASSERT_EQ(g->micro_batch(t), 2);
     t.save_checkpoint(dir + "/last.pt");
   }
   train::Trainer r(parts_for(c, dir));
-  EXPECT_EQ(r.micro_batch(), 4);
+  memory::Governor* g = govern(r);
+  EXPECT_EQ(g->micro_batch(r), 4);
   r.load_checkpoint(dir + "/last.pt");
-  EXPECT_EQ(r.micro_batch(), 2);
-  ASSERT_EQ(r.state().memory_decisions.size(), 1u);
-  EXPECT_EQ(r.state().memory_decisions[0].step, 2);
-  EXPECT_EQ(r.state().memory_decisions[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(g->micro_batch(r), 2);
+  ASSERT_EQ(g->decisions().size(), 1u);
+  EXPECT_EQ(g->decisions()[0].step, 2);
+  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
 }
 
 TEST(Governor, ValidationOutOfMemoryHalvesTheValidationBatchWithTheSameResult) {
-  auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.steps=1"}));
   train::Trainer t(parts_for(c, temp_dir("gov-val")));
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+  memory::Governor* g = govern(t);
   const auto clean = t.validate();
   ASSERT_TRUE(clean);
   memory::CountingCpuAllocator::install().inject_oom_after(300);
   const auto governed = t.validate();
   ASSERT_TRUE(governed);
-  ASSERT_EQ(t.state().memory_decisions.size(), 1u);
-  EXPECT_EQ(t.state().memory_decisions[0].action.rfind("validation batch ", 0), 0u) << t.state().memory_decisions[0].action;
+  ASSERT_EQ(g->decisions().size(), 1u);
+  EXPECT_EQ(g->decisions()[0].action.rfind("validation batch ", 0), 0u) << g->decisions()[0].action;
   for (size_t i = 0; i < clean->stats.size(); ++i) EXPECT_NEAR(governed->stats[i], clean->stats[i], 1e-9) << i;
+}
+
+// Without EMA, validation runs the training model itself: a pass that fails must leave it in
+// training mode (it used to stay in eval mode for the rest of the run, BatchNorm frozen).
+TEST(Governor, AValidationOomWithoutEmaLeavesTheTrainingModelTraining) {
+  const Config c = load_config("", tiny_run({"train.steps=1", "train.ema=false"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-val-noema")));
+  govern(t);
+  ASSERT_TRUE(t.model().is_training());
+  memory::CountingCpuAllocator::install().inject_oom_after(300);
+  ASSERT_TRUE(t.validate());
+  EXPECT_TRUE(t.model().is_training());
+  // ... also when nothing recovers it.
+  train::Trainer bare(parts_for(c, temp_dir("gov-val-bare")));
+  memory::CountingCpuAllocator::install().inject_oom_after(300);
+  EXPECT_THROW(bare.validate(), Error);
+  EXPECT_TRUE(bare.model().is_training());
+}
+
+// The loader's buffers count against a CPU budget: an OOM in a decode thread reaches the governor
+// (not std::terminate), which shrinks the micro-batch, and the run ends with the same images.
+TEST(Governor, AnOomInTheLoadersThreadIsRecovered) {
+  const Config c = load_config("", tiny_run({"train.steps=4", "train.warmup_epochs=0", "data.prefetch=1"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-loader")));
+  memory::Governor* g = govern(t);
+  t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::update, false, [] {
+    memory::CountingCpuAllocator::install().inject_oom_after(1, /*other_threads=*/true);
+  }));
+  t.train();
+  EXPECT_EQ(t.state().step, 4);
+  EXPECT_EQ(t.state().images, 26);  // the whole epoch, no image lost or repeated
+  ASSERT_EQ(g->decisions().size(), 1u);
+  EXPECT_NE(g->decisions()[0].reason.find("injected"), std::string::npos);
 }
 
 TEST(Governor, ShrinksBeforeAnOomWhenThePeakCrossesBudgetMinusHeadroom) {
@@ -182,13 +274,12 @@ TEST(Governor, ShrinksBeforeAnOomWhenThePeakCrossesBudgetMinusHeadroom) {
   }
   train::Trainer t(parts_for(c, temp_dir("gov-pre")));
   // A budget just above the step's peak: the step fits, but crosses budget minus 10%.
-  t.register_hook(std::make_unique<memory::GovernorHook>(
-      monitor, memory::GovernorOptions().budget(base + int64_t(double(peak) * 1.05)).headroom(0.10)));
+  memory::Governor* g = govern(t, memory::GovernorOptions().budget(base + int64_t(double(peak) * 1.05)).headroom(0.10));
   t.train();
   monitor->set_limit(0);
-  ASSERT_FALSE(t.state().memory_decisions.empty());
-  EXPECT_EQ(t.state().memory_decisions[0].action, "micro_batch 4 -> 2");
-  EXPECT_NE(t.state().memory_decisions[0].reason.find("crossed budget - headroom"), std::string::npos);
+  ASSERT_FALSE(g->decisions().empty());
+  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
+  EXPECT_NE(g->decisions()[0].reason.find("crossed budget - headroom"), std::string::npos);
   EXPECT_EQ(t.state().step, 3);
 }
 
@@ -234,7 +325,7 @@ TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
   EXPECT_EQ(e.modes[0].name, "fp32");
   EXPECT_TRUE(e.modes[0].configured);
   EXPECT_EQ(e.modes[1].name, "amp bf16");
-  EXPECT_EQ(e.modes[2].name, "amp bf16 + checkpointing all");
+  EXPECT_EQ(e.modes[2].name, "amp bf16 + recompute all");
   EXPECT_GT(e.fixed.parameters, 0);
   EXPECT_GE(e.fixed.optimizer, e.fixed.gradients);  // SGD momentum, and a step counter per group
   EXPECT_LT(e.fixed.optimizer, e.fixed.gradients + 1024);
@@ -243,14 +334,14 @@ TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
     EXPECT_GT(m.per_image, 0) << m.name;
     EXPECT_FALSE(m.stages.empty());
   }
-  // Checkpointing keeps fewer activations per image than keeping them all.
-  double kept = 0, kept_checkpointed = 0;
+  // Recomputing keeps fewer activations per image than keeping them all.
+  double kept = 0, kept_recomputed = 0;
   for (const auto& s : e.modes[1].stages) kept += s.per_image;
-  for (const auto& s : e.modes[2].stages) kept_checkpointed += s.per_image;
-  EXPECT_LT(kept_checkpointed, 0.5 * kept);
+  for (const auto& s : e.modes[2].stages) kept_recomputed += s.per_image;
+  EXPECT_LT(kept_recomputed, 0.5 * kept);
   const std::string table = memory::format_memory_estimate(e);
-  for (const char* part : {"parameters", "gradients", "optimizer state", "EMA", "input buffers", "per image", "loss and assigner",
-                           "largest batch under", "(stride "})
+  for (const char* part : {"parameters", "gradients", "optimizer state", "EMA", "input buffers", "the step's other 1 batches",
+                           "per image", "loss and assigner", "largest batch under", "(stride "})
     EXPECT_NE(table.find(part), std::string::npos) << part << "\n" << table;
 }
 
@@ -309,7 +400,7 @@ TEST(Memory, BudgetAndAllocatorKeysParseAndRoundTrip) {
 
 TEST(Memory, TheCpuMonitorReadsTheCountingAllocator) {
   auto monitor = cpu_monitor();
-  const memory::MemoryStats before = monitor->sample();
+  const MemoryStats before = monitor->sample();
   monitor->reset_peak();
   {
     const at::Tensor t = at::empty({1 << 18}, at::kFloat);
@@ -323,19 +414,36 @@ TEST(Memory, TheCpuMonitorReadsTheCountingAllocator) {
   EXPECT_EQ(monitor->sample().ooms, before.ooms + 1);
 }
 
+TEST(Memory, ErrorsThatMeanMemoryAreRecognisedAndTheRestAreNot) {
+  const auto kind = [](const std::string& text) {
+    try {
+      TORCH_CHECK(false, text);
+    } catch (const c10::Error& e) {
+      return memory_failure(e);
+    }
+    return MemoryFailure::none;
+  };
+  EXPECT_EQ(kind("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryFailure::out_of_memory);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), MemoryFailure::out_of_memory);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
+            MemoryFailure::library);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"), MemoryFailure::library);
+  EXPECT_EQ(kind("GET was unable to find an engine to execute this computation"), MemoryFailure::library);
+  EXPECT_EQ(kind("Expected more than 1 value per channel when training"), MemoryFailure::none);
+}
+
 TEST(Starvation, SaysWhichStageIsSlowAndWhatToChange) {
   memory::StarvationHook h(memory::StarvationOptions().threshold(0.1));
-  const Config c = load_config("", {});
   memory::EpochDataTime e;
   e.steps = 10, e.wait = 0.5, e.workers = 4, e.decode_busy = 0.95;
-  EXPECT_EQ(h.diagnose(e, c), "");  // 5% waiting: fine
+  EXPECT_EQ(h.diagnose(e), "");  // 5% waiting: fine
   e.wait = 4;
-  EXPECT_NE(h.diagnose(e, c).find("decode threads are busy 95%"), std::string::npos) << h.diagnose(e, c);
-  EXPECT_NE(h.diagnose(e, c).find("data.cache: ram"), std::string::npos);
+  EXPECT_NE(h.diagnose(e).find("decode threads are busy 95%"), std::string::npos) << h.diagnose(e);
+  EXPECT_NE(h.diagnose(e).find("data.cache: ram"), std::string::npos);
   e.decode_busy = 0.2;
-  EXPECT_NE(h.diagnose(e, c).find("data.prefetch"), std::string::npos) << h.diagnose(e, c);
+  EXPECT_NE(h.diagnose(e).find("data.prefetch"), std::string::npos) << h.diagnose(e);
   e.workers = 0;
-  EXPECT_NE(h.diagnose(e, c).find("data.workers: 0"), std::string::npos);
+  EXPECT_NE(h.diagnose(e).find("data.workers: 0"), std::string::npos);
 }
 
 TEST(Starvation, MeasuresAnEpochOfATraining) {
@@ -353,25 +461,25 @@ TEST(Starvation, MeasuresAnEpochOfATraining) {
 
 namespace {
 // Scripted allocator counters: the CUDA allocator's retry count, which the CPU never has.
-class ScriptedMonitor final : public memory::MemoryMonitor {
+class ScriptedMonitor final : public MemoryMonitor {
  public:
   ScriptedMonitor() : MemoryMonitor(c10::Device(c10::kCPU)) {}
-  memory::MemoryStats sample() const override { return stats; }
+  MemoryStats sample() const override { return stats; }
   void reset_peak() override {}
   int64_t capacity() const override { return int64_t(1) << 34; }
   int64_t available() const override { return int64_t(1) << 33; }
   void set_limit(int64_t) override {}
   void release_cache() override { ++released; }
-  memory::MemoryStats stats;
+  MemoryStats stats;
   int released = 0;
 };
 
-// Raises the scripted retry count after every step from `from` on.
+// Raises the scripted retry count during every step from `from` on.
 class Thrash : public train::Hook {
  public:
   Thrash(ScriptedMonitor& m, int64_t from) : m_(m), from_(from) {}
-  void after_step(train::Trainer& t) override {
-    if (t.state().step >= from_) ++m_.stats.alloc_retries;
+  void after_phase(train::Trainer& t, train::StepPhase phase) override {
+    if (phase == train::StepPhase::update && t.state().step + 1 >= from_) ++m_.stats.alloc_retries;
   }
 
  private:
@@ -383,71 +491,73 @@ class Thrash : public train::Hook {
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
   auto monitor = std::make_shared<ScriptedMonitor>();
   const Config c = load_config("", tiny_run({"train.steps=6"}));
-  train::Trainer t(parts_for(c, temp_dir("gov-thrash")));
-  t.register_hook(std::make_unique<Thrash>(*monitor, 2));  // runs before the governor's after_step
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::GovernorOptions()));
+  train::TrainerParts parts = parts_for(c, temp_dir("gov-thrash"));
+  parts.monitor = monitor;
+  train::Trainer t(std::move(parts));
+  memory::Governor* g = govern(t);
+  t.register_hook(std::make_unique<Thrash>(*monitor, 2));
   t.train();
-  // New retries after steps 2 and 3 shrink from step 4; the count starts again, so the retries
-  // after steps 4 and 5 shrink once more, from step 6.
-  ASSERT_EQ(t.state().memory_decisions.size(), 2u);
-  EXPECT_EQ(t.state().memory_decisions[0].step, 4);
-  EXPECT_EQ(t.state().memory_decisions[0].action, "micro_batch 4 -> 2");
-  EXPECT_NE(t.state().memory_decisions[0].reason.find("retried on 2 steps in a row"), std::string::npos);
-  EXPECT_EQ(t.state().memory_decisions[1].step, 6);
-  EXPECT_EQ(t.state().memory_decisions[1].action, "micro_batch 2 -> 1");
+  // New retries in steps 2 and 3 shrink from step 4; the count starts again, so the retries in
+  // steps 4 and 5 shrink once more, from step 6.
+  ASSERT_EQ(g->decisions().size(), 2u);
+  EXPECT_EQ(g->decisions()[0].step, 4);
+  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
+  EXPECT_NE(g->decisions()[0].reason.find("retried on 2 steps in a row"), std::string::npos);
+  EXPECT_EQ(g->decisions()[1].step, 6);
+  EXPECT_EQ(g->decisions()[1].action, "micro_batch 2 -> 1");
   EXPECT_GE(monitor->released, 1);
 }
 
 TEST(Governor, GrowsBackAfterAStableStretch) {
-  auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.steps=6", "memory.grow_after=2"}));
   train::Trainer t(parts_for(c, temp_dir("gov-grow")));
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, int64_t(1) << 32)));
+  memory::Governor* g = govern(t, memory::governor_options(c, int64_t(1) << 32));
   inject_at(t, 1, 200);
   t.train();
-  ASSERT_EQ(t.state().memory_decisions.size(), 2u);
-  EXPECT_EQ(t.state().memory_decisions[0].action, "micro_batch 4 -> 2");
-  EXPECT_EQ(t.state().memory_decisions[1].action, "micro_batch 2 -> 4");
-  EXPECT_EQ(t.state().memory_decisions[1].step, 4);
-  monitor->set_limit(0);
+  t.monitor()->set_limit(0);
+  ASSERT_EQ(g->decisions().size(), 2u);
+  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(g->decisions()[1].action, "micro_batch 2 -> 4");
+  EXPECT_EQ(g->decisions()[1].step, 4);
 }
 
-TEST(Planner, CheckpointsTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
+TEST(Planner, RecomputesTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
   auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.steps=3", "train.batch=8", "train.nominal_batch=8", "data.imgsz=128"}));
   const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
-  // A budget between the peak with every stage checkpointed and the peak without.
-  const auto unbounded = memory::make_checkpoint_planner(c, split, *monitor, int64_t(1) << 34);
+  // A budget between the peak with every stage recomputed and the peak without.
+  const auto unbounded = memory::make_recompute_planner(c, split, *monitor, int64_t(1) << 34);
   const memory::MemoryEstimate& e = unbounded->estimate();
   const int64_t plain = e.predicted_peak(e.modes[0], 8), all = e.predicted_peak(e.modes[1], 8);
   ASSERT_LT(all, plain);
   const int64_t base = monitor->sample().allocated;
   const int64_t budget = base + int64_t(double(all + (plain - all) / 3) / 0.9);
-  const auto planner = memory::make_checkpoint_planner(c, split, *monitor, budget);
+  const auto planner = memory::make_recompute_planner(c, split, *monitor, budget);
   const memory::StagePlan& p = planner->plan(128, 8);
-  const auto on = std::count(p.checkpointed.begin(), p.checkpointed.end(), true);
+  const auto on = std::count(p.recomputed.begin(), p.recomputed.end(), true);
   EXPECT_GT(on, 0);
-  EXPECT_LT(size_t(on), p.checkpointed.size());
+  EXPECT_LT(size_t(on), p.recomputed.size());
   EXPECT_TRUE(p.fits);
   EXPECT_LT(p.recompute_seconds, p.recompute_all_seconds);
   EXPECT_NE(planner->describe(p, 128, 8).find("recompute +"), std::string::npos);
   // A smaller input needs fewer stages (activations scale with the area).
   const memory::StagePlan& small = planner->plan(64, 8);
-  EXPECT_LE(std::count(small.checkpointed.begin(), small.checkpointed.end(), true), on);
+  EXPECT_LE(std::count(small.recomputed.begin(), small.recomputed.end(), true), on);
   // Training with the plan stays under the budget: no out-of-memory error.
-  train::Trainer t(train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr));
-  t.set_checkpoint_planner([planner](int64_t size, int64_t micro) { return planner->plan(size, micro).checkpointed; });
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+  train::TrainerParts parts = train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr);
+  parts.monitor = monitor;
+  train::Trainer t(std::move(parts));
+  memory::Governor* g = govern(t, memory::governor_options(c, budget), planner);
   t.train();
   monitor->set_limit(0);
-  for (const auto& d : t.state().memory_decisions) EXPECT_EQ(d.reason.rfind("out of memory", 0), std::string::npos) << d.action << ": " << d.reason;
-  EXPECT_EQ(t.model().activation_checkpointing(), CheckpointMode::stages);
+  for (const auto& d : g->decisions()) EXPECT_EQ(d.reason.rfind("out of memory", 0), std::string::npos) << d.action << ": " << d.reason;
+  EXPECT_EQ(t.model().recompute_mode(), models::RecomputeMode::stages);
 }
 
 TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
   if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
   const c10::Device cuda(c10::kCUDA, 0);
-  std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(cuda);
+  std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(cuda);
   Config c = load_config("", tiny_run({"train.steps=4", "train.batch=32", "train.nominal_batch=32", "data.imgsz=128", "device=cuda"}));
   const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
   // What a step of 32 needs, measured; then a budget that holds about a third of its activations.
@@ -455,12 +565,14 @@ TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
   const memory::ModeEstimate& m = e.configured();
   const int64_t budget = monitor->sample().reserved + int64_t(m.fixed + m.per_image * 12) + (int64_t(64) << 20);
   at::manual_seed(0);
-  train::Trainer t(train::make_trainer_parts(c, cuda, temp_dir("gov-cuda"), split, nullptr));
-  t.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+  train::TrainerParts parts = train::make_trainer_parts(c, cuda, temp_dir("gov-cuda"), split, nullptr);
+  parts.monitor = monitor;
+  train::Trainer t(std::move(parts));
+  memory::Governor* g = govern(t, memory::governor_options(c, budget));
   t.train();
   monitor->set_limit(0);
   EXPECT_EQ(t.state().step, 4);
-  ASSERT_FALSE(t.state().memory_decisions.empty());
-  EXPECT_LT(t.micro_batch(), 32);
+  ASSERT_FALSE(g->decisions().empty());
+  EXPECT_LT(g->micro_batch(t), 32);
   EXPECT_LE(monitor->sample().peak_reserved, budget + (int64_t(2) << 20));
 }

@@ -8,6 +8,7 @@
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/data/loader.h"
+#include "headroom/memory/cpu_allocator.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -181,6 +182,34 @@ TEST(Loader, AnImageThatBreaksAfterTheScanIsReplacedDeterministically) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(victim.image), std::string::npos) << e.what();
   }
+}
+
+// A CPU budget counts the loader's buffers, so a decode thread can run out of memory. The
+// error reaches the consumer (it used to end the process from inside the thread), and asking
+// again gives the same batch.
+TEST(Loader, AnOutOfMemoryErrorInADecodeThreadReachesTheConsumerAndTheBatchComesAgain) {
+  const auto split = train_split();
+  Loader clean(split, opts(1));
+  const auto expected = epoch(clean, 0);
+  auto& alloc = memory::CountingCpuAllocator::install();
+  Loader l(split, opts(1));
+  for (int64_t first : {1, 2}) {  // the batch's buffer, then its box tensors
+    alloc.inject_oom_after(first, /*other_threads=*/true);
+    l.start(0);
+    EXPECT_THROW(l.next(), c10::OutOfMemoryError) << "allocation " << first;
+    std::vector<HostBatch> got;
+    while (auto b = l.next()) got.push_back(std::move(*b));
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) expect_same(got[i], expected[i]);
+  }
+  // Without workers the error comes from next() itself, and the same holds.
+  Loader inline_loader(split, opts(0));
+  alloc.inject_oom_after(1);
+  inline_loader.start(0);
+  EXPECT_THROW(inline_loader.next(), c10::OutOfMemoryError);
+  const auto again = inline_loader.next();
+  ASSERT_TRUE(again);
+  expect_same(*again, expected[0]);
 }
 
 TEST(Loader, OptionsFromTheConfigInOnePlace) {

@@ -53,7 +53,7 @@ Targets reference_targets() {
   return t;
 }
 
-double item(const LossTerms& l, const std::string& name) {
+double item(const BatchLoss& l, const std::string& name) {
   for (const auto& [n, v] : l.items)
     if (n == name) return v.item<double>();
   ADD_FAILURE() << "no loss term " << name;
@@ -75,7 +75,7 @@ TEST(Assigner, MatchesTheUltralyticsReference) {
   const int64_t B = 2, nc = 3;
   const auto out = reference_yolov8_output(B, nc, 64);
   const Targets t = reference_targets();
-  const LossTerms l = (*make_loss(yolov8_info(nc), LossOptions{}))(out, t);
+  const BatchLoss l = batch_loss(*make_loss(yolov8_info(nc), LossOptions{}), out, t, 64, 64);
   EXPECT_NEAR(item(l, "box"), 5.812448412, 1e-4);
   EXPECT_NEAR(item(l, "cls"), 46.448352814, 1e-3);
   EXPECT_NEAR(item(l, "dfl"), 4.174154878, 1e-4);
@@ -143,7 +143,7 @@ TEST(YoloLoss, NoObjectsMeansOnlyTheClassTerm) {
   for (auto& f : out["pred"]) f.zero_();
   Targets t = reference_targets();
   t.mask.zero_();
-  const LossTerms l = (*make_loss(yolov8_info(nc), LossOptions{}))(out, t);
+  const BatchLoss l = batch_loss(*make_loss(yolov8_info(nc), LossOptions{}), out, t, S, S);
   const double anchors = 8 * 8 + 4 * 4 + 2 * 2;
   EXPECT_NEAR(item(l, "cls"), 0.5 * B * anchors * nc * std::log(2.0), 1e-3);
   EXPECT_EQ(item(l, "box"), 0);
@@ -160,7 +160,7 @@ TEST(YoloLoss, Yolov5NoObjectsIsObjectnessOnly) {
   for (int64_t s : {8, 16, 32}) preds.push_back(at::zeros({2, 3, 64 / s, 64 / s, 8}));
   Targets t = reference_targets();
   t.mask.zero_();
-  const LossTerms l = (*make_loss(info, LossOptions{}))({{"pred", preds}}, t);
+  const BatchLoss l = batch_loss(*make_loss(info, LossOptions{}), {{"pred", preds}}, t, 64, 64);
   // lobj = ln 2 x (4.0 + 1.0 + 0.4), gain 1.0 x (64 / 640)^2 x 3 / 3.
   EXPECT_NEAR(item(l, "obj"), std::log(2.0) * 5.4 * 0.01, 1e-6);
   EXPECT_EQ(item(l, "box"), 0);
@@ -175,11 +175,11 @@ TEST(YoloLoss, GradientsReachEveryHeadOutput) {
   v5.anchors = floats({10.f, 13, 16, 30, 33, 23, 30, 61, 62, 45, 59, 119, 116, 90, 156, 198, 373, 326}).view({3, 3, 2});
   std::vector<at::Tensor> p5;
   for (int64_t s : {8, 16, 32}) p5.push_back(at::randn({2, 3, 64 / s, 64 / s, 8}).requires_grad_());
-  (*make_loss(v5, LossOptions{}))({{"pred", p5}}, reference_targets()).total.backward();
+  batch_loss(*make_loss(v5, LossOptions{}), {{"pred", p5}}, reference_targets(), 64, 64).total.backward();
   for (const auto& p : p5) EXPECT_GT(p.grad().abs().sum().item<float>(), 0);
   auto out = reference_yolov8_output(2, 3, 64);
   for (auto& f : out["pred"]) f.requires_grad_();
-  (*make_loss(yolov8_info(3), LossOptions{}))(out, reference_targets()).total.backward();
+  batch_loss(*make_loss(yolov8_info(3), LossOptions{}), out, reference_targets(), 64, 64).total.backward();
   for (const auto& f : out["pred"]) {
     EXPECT_GT(f.grad().narrow(1, 0, 64).abs().sum().item<float>(), 0);  // box bins
     EXPECT_GT(f.grad().narrow(1, 64, 3).abs().sum().item<float>(), 0);  // classes
@@ -255,10 +255,10 @@ TEST(CenterNet, LossAveragesStacksAndUsesTheTfWeights) {
   at::Tensor size = at::zeros({1, 2, 32, 32}), off = at::zeros({1, 2, 32, 32});
   size[0][0][7][12] = 10, size[0][1][7][12] = 6, off[0][0][7][12] = 0.5, off[0][1][7][12] = 0.5;
   const at::Tensor heat = at::zeros({1, 3, 32, 32});
-  LossOptions o;
-  o.task_loss_weight = 2.0;
-  const LossTerms one = (*make_loss(info, o))({{"heatmap", {heat}}, {"size", {size}}, {"offset", {off}}}, t);
-  const LossTerms two = (*make_loss(info, o))({{"heatmap", {heat, heat}}, {"size", {size, size + 1}}, {"offset", {off, off}}}, t);
+  const LossOptions o = LossOptions().heatmap_weight(2.0);
+  const BatchLoss one = batch_loss(*make_loss(info, o), {{"heatmap", {heat}}, {"size", {size}}, {"offset", {off}}}, t, 128, 128);
+  const BatchLoss two =
+      batch_loss(*make_loss(info, o), {{"heatmap", {heat, heat}}, {"size", {size, size + 1}}, {"offset", {off, off}}}, t, 128, 128);
   EXPECT_NEAR(item(one, "size"), 0, 1e-6);
   EXPECT_NEAR(item(one, "offset"), 0, 1e-6);
   EXPECT_NEAR(item(one, "heatmap"), item(two, "heatmap"), 1e-6);
@@ -266,4 +266,31 @@ TEST(CenterNet, LossAveragesStacksAndUsesTheTfWeights) {
   EXPECT_NEAR(item(two, "size"), 0.1 * 0.5 * 1.0, 1e-4);
   const CenterNetTargets ct = centernet_targets(boxes, t.classes, t.mask, 3, 32, 32, 4, 0.7);
   EXPECT_NEAR(item(one, "heatmap"), 2.0 * centernet_focal_loss(heat, ct.heatmap).item<double>(), 1e-6);
+}
+
+// The adapter carries every key of the loss section, and the options' own defaults are the
+// config's (tests and tools that build LossOptions() get the run's defaults).
+TEST(LossOptions, TheAdapterCarriesTheConfigAndTheDefaultsAgree) {
+  const LossOptions d = loss_options(load_config("", {}));
+  const LossOptions o;
+  EXPECT_EQ(d.box(), o.box());
+  EXPECT_EQ(d.cls(), o.cls());
+  EXPECT_EQ(d.dfl(), o.dfl());
+  EXPECT_EQ(d.tal_topk(), o.tal_topk());
+  EXPECT_EQ(d.tal_alpha(), o.tal_alpha());
+  EXPECT_EQ(d.tal_beta(), o.tal_beta());
+  EXPECT_EQ(d.assigner_chunk(), o.assigner_chunk());
+  EXPECT_EQ(d.obj(), o.obj());
+  EXPECT_EQ(d.anchor_t(), o.anchor_t());
+  EXPECT_EQ(d.heatmap_weight(), o.heatmap_weight());
+  EXPECT_EQ(d.size_weight(), o.size_weight());
+  EXPECT_EQ(d.offset_weight(), o.offset_weight());
+  EXPECT_EQ(d.min_overlap(), o.min_overlap());
+  const LossOptions set = loss_options(load_config("", {"loss.task_loss_weight=2", "loss.scale_loss_weight=0.3",
+                                                        "loss.offset_loss_weight=0.5", "loss.min_overlap=0.5", "loss.box=3"}));
+  EXPECT_EQ(set.heatmap_weight(), 2);
+  EXPECT_EQ(set.size_weight(), 0.3);
+  EXPECT_EQ(set.offset_weight(), 0.5);
+  EXPECT_EQ(set.min_overlap(), 0.5);
+  EXPECT_EQ(set.box(), 3);
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "headroom/core/config.h"
 #include "headroom/core/errors.h"
 #include "headroom/models/detector.h"
 #include "test_util.h"
@@ -174,6 +175,30 @@ TEST(Models, BadModelFilesNameTheRowAndTheReason) {
   EXPECT_THROW(build("yolov8s.yaml", 80, "m"), InputError);
 }
 
+// A malformed scales entry names its file and line (it used to escape as a yaml-cpp conversion
+// error, exit code 1); the command line exits with 2.
+TEST(Models, AMalformedScaleNamesItsLine) {
+  const std::string rows = "backbone:\n  - [-1, 1, Conv, [8, 3, 2]]\nhead:\n  - [-1, 1, Detect, [nc]]\n";
+  std::string e = model_error("nc: 3\nscales:\n  n: [0.33, abc, 1024]\n" + rows);
+  EXPECT_NE(e.find("m.yaml:3:"), std::string::npos) << e;
+  EXPECT_NE(e.find("scale 'n': width must be a positive number, got 'abc'"), std::string::npos) << e;
+  e = model_error("nc: 3\nscales:\n  n: [0.33, 0.25]\n" + rows);
+  EXPECT_NE(e.find("m.yaml:3:"), std::string::npos) << e;
+  EXPECT_NE(e.find("must be [depth, width, max_channels]"), std::string::npos) << e;
+  e = model_error("nc: 3\nscales:\n  n: [0.33, 0.25, 10.5]\n" + rows);
+  EXPECT_NE(e.find("max_channels must be a positive integer"), std::string::npos) << e;
+  e = model_error("nc: 3\nscales: [1, 2]\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:"), std::string::npos) << e;
+  e = model_error("nc: three\n" + rows);
+  EXPECT_NE(e.find("m.yaml:1:"), std::string::npos) << e;
+  EXPECT_NE(e.find("nc must be a positive integer"), std::string::npos) << e;
+  const std::string path = test::temp_dir("model-cli") + "/bad.yaml";
+  test::write_bytes(path, "nc: 3\nscales:\n  n: [0.33, -1, 1024]\n" + rows);
+  const test::RunResult r = test::run_trainer("model --model " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:3:"), std::string::npos) << r.output;
+}
+
 TEST(Models, FusionKeepsOutputsAndDropsTheBatchNorms) {
   for (const char* name : {"yolov8n.yaml", "yolov5n.yaml", "centernet_hg10.yaml"}) {
     Detector d = build(name, 4);
@@ -212,7 +237,7 @@ TEST(Models, TheConfigSelectsTheModel) {
   EXPECT_EQ(d->info().family, "centernet");
   EXPECT_EQ(d->info().nc, 7);
   EXPECT_EQ(d->scale(), "s");
-  EXPECT_EQ(d->activation_checkpointing(), CheckpointMode::stages);
+  EXPECT_EQ(d->recompute_mode(), RecomputeMode::stages);
   try {
     build_detector(load_config("", {"model.file=/nope/x.yaml"}), 3);
     FAIL();

@@ -1,11 +1,13 @@
-// A tiny YOLOv8, YOLOv5 and CenterNet each learn a handful of synthetic images on the CPU:
-// losses, assignment, decoding, NMS and the COCO evaluator working together.
+// A tiny YOLOv8, YOLOv5 and CenterNet each learn a handful of synthetic images on the CPU, trained
+// by the Trainer: its optimizer, accumulation and loss normalisation, with the losses,
+// assignment, decoding, NMS and the COCO evaluator working together. An untrained model scores
+// 0.000; a broken step cannot reach AP50 0.9.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/optim/adam.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include "headroom/data/loader.h"
@@ -13,6 +15,7 @@
 #include "headroom/eval/validate.h"
 #include "headroom/losses/loss.h"
 #include "headroom/models/weights.h"
+#include "headroom/train/trainer.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "test_util.h"
@@ -47,55 +50,67 @@ struct Overfit {
   Config config;
 };
 
-Overfit overfit(const std::vector<std::string>& model_keys, int steps, double lr) {
-  at::manual_seed(0);
-  std::vector<std::string> overrides = {"data.dataset=" + handful(), "data.imgsz=128", "train.batch=8", "data.workers=1"};
+// The summed loss terms at each read of the counters (here every step: one step per epoch).
+class LossRecord : public train::Hook {
+ public:
+  void after_step(train::Trainer& t) override {
+    if (t.counters().step != t.state().step) return;
+    double total = 0;
+    for (const auto& [name, v] : t.counters().losses) total += v;
+    if (std::isnan(first)) first = total;
+    last = total;
+  }
+  double first = NAN, last = NAN;
+};
+
+// Trainer::train with Headroom's optimizer (AdamW at a constant rate), accumulation (two loader
+// batches of 4 per step of 8) and loss normalisation, without augmentation; then validated on
+// the training images.
+Overfit overfit(const std::vector<std::string>& model_keys, int steps, double lr, const std::string& amp = "off") {
+  std::vector<std::string> overrides = {"data.dataset=" + handful(), "data.imgsz=128", "train.batch=4", "train.nominal_batch=8",
+                                        "data.workers=1", "data.cache=ram", "train.optimizer=adamw", "train.lr0=" + std::to_string(lr),
+                                        "train.warmup_epochs=0", "train.weight_decay=0", "train.ema=false",
+                                        "train.steps=" + std::to_string(steps), "train.amp=" + amp, "device=cpu"};
   overrides.insert(overrides.end(), model_keys.begin(), model_keys.end());
   const Config c = load_config("", overrides);
-  auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
-  models::Detector model = models::build_detector(c, int64_t(split->names.size()));
-  auto loss = losses::make_loss(model->info(), losses::loss_options(c));
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(lr));
-  data::Loader loader(split, data::loader_options(c, *split, /*training=*/false, false));
-  loader.start(0);
-  const data::HostBatch batch = *loader.next();  // all eight images, no augmentation
-  const losses::Targets t = losses::make_targets(batch.boxes, batch.classes, batch.crowd);
-  const at::Tensor x = eval::model_input(batch.images, c10::Device(c10::kCPU));
+  train::TrainerParts parts = train::make_trainer_parts(c, c10::Device(c10::kCPU), test::temp_dir("overfit"));
+  const auto split = parts.train_split;
+  train::Trainer t(std::move(parts));
+  auto record = std::make_unique<LossRecord>();
+  LossRecord* losses = record.get();
+  t.register_hook(std::move(record));
+  t.train();  // no schedule hook: the rate stays at lr0
+  EXPECT_EQ(t.state().step, steps);
+  EXPECT_EQ(t.counters().skipped_steps, 0);
   Overfit r;
-  for (int step = 0; step < steps; ++step) {
-    opt.zero_grad();
-    const losses::LossTerms l = (*loss)(model->forward(x), t);
-    l.total.backward();
-    opt.step();
-    const double v = l.total.item<double>();
-    if (step == 0) r.first_loss = v;
-    r.last_loss = v;
-  }
-  const eval::ValidationResult v = eval::validate(*model, split, eval::validate_options(c, *split, model->info(), c10::Device(c10::kCPU)));
+  r.first_loss = losses->first;
+  r.last_loss = losses->last;
+  const eval::ValidationResult v = eval::validate(t.model(), split, eval::validate_options(c, *split, t.model().info(), c10::Device(c10::kCPU)));
   r.ap50 = v.stats.stats[1];
   r.weights = test::temp_dir("weights") + "/last.pt";
-  models::save_weights(*model, models::WeightsInfo{split->names, split->category_ids}, r.weights);
+  models::save_weights(t.model(), models::WeightsInfo{split->names, split->category_ids}, r.weights);
   r.config = c;
-  std::printf("%s: loss %.3f -> %.3f, AP50 %.3f, AP %.3f\n", c.model.file.c_str(), r.first_loss, r.last_loss, r.ap50, v.stats.stats[0]);
+  std::printf("%s (amp %s): loss %.3f -> %.3f, AP50 %.3f, AP %.3f\n", c.model.file.c_str(), amp.c_str(), r.first_loss, r.last_loss,
+              r.ap50, v.stats.stats[0]);
   return r;
 }
 
 }  // namespace
 
 TEST(Overfit, TinyYolov8) {
-  const Overfit r = overfit(test::tiny_model("yolov8.yaml"), 300, 5e-3);
+  const Overfit r = overfit(test::tiny_model("yolov8.yaml"), 200, 5e-3);
   EXPECT_LT(r.last_loss, r.first_loss);
   EXPECT_GE(r.ap50, 0.9);
 }
 
 TEST(Overfit, TinyYolov5) {
-  const Overfit r = overfit(test::tiny_model("yolov5n.yaml"), 300, 5e-3);
+  const Overfit r = overfit(test::tiny_model("yolov5n.yaml"), 400, 5e-3);
   EXPECT_LT(r.last_loss, r.first_loss);
   EXPECT_GE(r.ap50, 0.9);
 }
 
 TEST(Overfit, TinyCenterNet) {
-  const Overfit r = overfit(test::tiny_model("centernet_csp.yaml"), 300, 5e-3);
+  const Overfit r = overfit(test::tiny_model("centernet_csp.yaml"), 200, 5e-3);
   EXPECT_LT(r.last_loss, r.first_loss);
   EXPECT_GE(r.ap50, 0.9);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "headroom/core/device_constant.h"
 #include "headroom/core/random.h"
 
 namespace headroom::augment {
@@ -137,7 +138,7 @@ at::Tensor visible_bbox(const at::Tensor& q, double size) {
   const auto in_range = [&](const at::Tensor& v) { return (v >= -1e-3) & (v <= size + 1e-3); };
   std::vector<at::Tensor> pts{q}, ok{in_range(q.select(-1, 0)) & in_range(q.select(-1, 1))};
   // square corners inside the quadrilateral: on the same side of all four edges
-  const at::Tensor sq = at::tensor({0.0, 0.0, size, 0.0, size, size, 0.0, size}, q.options()).view({4, 2});
+  const at::Tensor sq = device_constant({0, 0, 1, 0, 1, 1, 0, 1}, q.scalar_type(), q.device()).view({4, 2}) * size;
   const at::Tensor e = (b - a).unsqueeze(-2), r = sq - a.unsqueeze(-2);  // [.., 4 edges, 4 corners, 2]
   const at::Tensor cross = e.select(-1, 0) * r.select(-1, 1) - e.select(-1, 1) * r.select(-1, 0);
   pts.push_back(sq.expand(q.sizes()));
@@ -218,7 +219,7 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
     view = where4(on, padded, window);
   }
   const bool tf_geometry = crop.enabled || pad.enabled;
-  const at::Tensor canvas = at::tensor({0.0f, 0.0f, float(S), float(S)}, fopt).expand({B, 4});
+  const at::Tensor canvas = (device_constant({0, 0, 1, 1}, at::kFloat, fopt.device()) * double(S)).expand({B, 4});
   if (!tf_geometry) window = view = canvas;  // the loader's letterbox is the picture
   if (pad.enabled && pad.pad_color.empty()) {  // TF pads with the image's mean colour
     const at::Tensor xs = at::arange(S, fopt) + 0.5f;
@@ -227,7 +228,7 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
     const at::Tensor m = (inside_y.unsqueeze(2) & inside_x.unsqueeze(1)).to(at::kFloat).unsqueeze(1);  // [B, 1, S, S]
     p.pad_colour = (in.images.to(at::kFloat) * m).sum({2, 3}) / m.sum({2, 3}).clamp_min(1);
   } else if (pad.enabled) {
-    p.pad_colour = at::tensor(std::vector<float>(pad.pad_color.begin(), pad.pad_color.end()), fopt).expand({B, 3});
+    p.pad_colour = device_constant(pad.pad_color, at::kFloat, fopt.device()).expand({B, 3});
   } else {
     p.pad_colour = at::full({B, 3}, o.fill, fopt);
   }
@@ -241,7 +242,7 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
   Map frame{at::where(p.mosaic.view({-1, 1, 1}), place.m, fit.m), at::where(p.mosaic.view({-1, 1, 1}), place.inv, fit.inv)};
   if (mosaic_on) {  // the mosaic canvas is [0, 2S) around (xc, yc); beyond it lies grey
     const at::Tensor mw = at::stack({1.5 * S - xc, 1.5 * S - yc, 3.5 * S - xc, 3.5 * S - yc}, 1) - 0.5 * S;
-    const at::Tensor tiles = at::tensor({0.0f, 0.0f, 2.0f * S, 2.0f * S}, fopt);
+    const at::Tensor tiles = device_constant({0, 0, 2, 2}, at::kFloat, fopt.device()) * double(S);
     const at::Tensor mwin = at::cat({at::maximum(mw.narrow(1, 0, 2), tiles.narrow(0, 0, 2)), at::minimum(mw.narrow(1, 2, 2), tiles.narrow(0, 2, 2))}, 1);
     window = where4(p.mosaic, mwin, window);
     view = where4(p.mosaic, mwin, view);
@@ -433,7 +434,7 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
   for (int64_t t = 0; t < p.tiles; ++t) {
     const at::Tensor src = p.sources.select(1, t);
     const float ox = float(S * (t % 2)), oy = float(S * (t / 2));
-    bs.push_back(boxes.index_select(0, src) + at::tensor({ox, oy, ox, oy}, boxes.options()));
+    bs.push_back(boxes.index_select(0, src) + device_constant({ox, oy, ox, oy}, boxes.scalar_type(), boxes.device()));
     const at::Tensor used = t == 0 ? at::ones_like(p.mosaic) : p.mosaic;
     cs.push_back(at::where(used.unsqueeze(1), classes.index_select(0, src), at::full({1}, -1, classes.options())));
     ws.push_back(crowd.index_select(0, src));
@@ -583,8 +584,12 @@ Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t m
   return out;
 }
 
-Augmenter::Augmenter(AugmentOptions o, int64_t seed, int64_t input_multiple, int64_t epochs)
-    : o_(std::move(o)), seed_(seed), multiple_(std::max<int64_t>(input_multiple, 1)), epochs_(epochs) {}
+AugmenterOptions augmenter_options(const Config& c, int64_t input_multiple, int64_t epochs) {
+  return AugmenterOptions().policy(c.augment).seed(c.seed).input_multiple(input_multiple).epochs(epochs);
+}
+
+Augmenter::Augmenter(AugmenterOptions o)
+    : o_(o.policy()), seed_(o.seed()), multiple_(std::max<int64_t>(o.input_multiple(), 1)), epochs_(o.epochs()) {}
 
 bool Augmenter::mosaic_in_epoch(int64_t epoch) const { return epoch < epochs_ - o_.close_mosaic; }
 
@@ -609,21 +614,14 @@ int64_t Augmenter::max_output_size(int64_t in_size) const {
 
 Batch Augmenter::operator()(const data::HostBatch& batch, c10::Device device) const {
   const int64_t B = batch.size(), S = batch.images.size(2);
-  std::vector<int64_t> ids(B);
-  std::vector<float> content(4 * B);
-  for (int64_t b = 0; b < B; ++b) {
-    const data::Letterbox& g = batch.meta[b].geometry;
-    ids[b] = batch.meta[b].index;
-    content[4 * b] = g.pad_x, content[4 * b + 1] = g.pad_y;
-    content[4 * b + 2] = g.pad_x + g.resized_w, content[4 * b + 3] = g.pad_y + g.resized_h;
-  }
+  // Everything comes from the loader's (pinned, on CUDA runs) host tensors: no copy blocks.
   Batch in{batch.images.to(device, true), batch.boxes.to(device, true), batch.classes.to(device, true), batch.crowd.to(device, true)};
   DrawInputs d;
   d.images = in.images;
   d.boxes = in.boxes;
   d.classes = in.classes;
-  d.sample_ids = at::tensor(ids, at::kLong).to(device, true);
-  d.content = at::tensor(content, at::kFloat).view({B, 4}).to(device, true);
+  d.sample_ids = batch.sample_ids.to(device, true);
+  d.content = batch.content.to(device, true);
   d.out_size = output_size(S, batch.epoch, batch.index);
   d.key = epoch_key(seed_, batch.epoch);
   d.mosaic = mosaic_in_epoch(batch.epoch);

@@ -111,7 +111,7 @@ void add_preview(CLI::App& data, int& exit_code) {
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     // The input multiple (for multi-scale sizes) is the model's; building it is only needed then.
     const int64_t multiple = c.augment.multi_scale > 0 ? models::build_detector(c, int64_t(split->names.size()))->info().input_multiple : 32;
-    const augment::Augmenter aug(c.augment, c.seed, multiple, c.train.epochs);
+    const augment::Augmenter aug(augment::augmenter_options(c, multiple, c.train.epochs));
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/true, device.device.is_cuda()));
     loader.start(epoch, 0);
     Json files = Json::array();

@@ -9,7 +9,7 @@ namespace headroom::cli {
 
 void add_memory_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("memory", "Estimate a run's training memory by probing real steps: the table per part and "
-                                           "per model stage, totals for fp32 / AMP / AMP + checkpointing, the largest batch "
+                                           "per model stage, totals for fp32 / AMP / AMP + recompute, the largest batch "
                                            "under the budget");
   static std::string config_path, budget;
   static std::vector<std::string> overrides;
@@ -24,7 +24,7 @@ void add_memory_command(CLI::App& app, int& exit_code) {
     const Config c = load_run_config(config_path, o);
     const c10::Device device = run_device(c);
     memory::apply_allocator_settings(c.memory, device);
-    const std::unique_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(device);
+    const std::unique_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);
     const int64_t bytes = memory::resolve_budget(c.memory.budget, *monitor);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, bytes);

@@ -11,7 +11,10 @@
 #include "headroom/core/run_dir.h"
 #include "headroom/core/text.h"
 #include "headroom/memory/estimate.h"
+#include "headroom/memory/governor.h"
 #include "headroom/memory/starvation.h"
+#include "headroom/train/checkpoints.h"
+#include "headroom/train/hooks.h"
 #include "headroom/train/trainer.h"
 
 namespace headroom::cli {
@@ -22,21 +25,31 @@ namespace {
 
 // Keys a resumed run may change: where and how fast it runs, never what it computes.
 const std::set<std::string> kResumableKeys = {"device", "threads", "data.workers", "data.prefetch", "log.level"};
+// Keys that say which run to resume (--resume auto looks under project/name*); the run stays in
+// its own directory.
+const std::set<std::string> kRunLocation = {"project", "name"};
 
-// The checkpoint's own config (so the run continues as it started), plus the allowed overrides.
-Config resume_config(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+std::string key_of(const std::string& override_text) { return override_text.substr(0, override_text.find('=')); }
+
+// The checkpoint's own config (so the run continues as it started) in the run directory it
+// lives in, plus the allowed overrides.
+Config resume_config(const std::string& checkpoint, const std::string& run_dir, const std::vector<std::string>& overrides) {
   for (const auto& o : overrides) {
-    const std::string key = o.substr(0, o.find('='));
+    const std::string key = key_of(o);
     if (!kResumableKeys.count(key))
       throw InputError("command line '" + o + "': " + key + " cannot change when resuming (the run continues with the config "
                        "stored in " + checkpoint + "); only device, threads, data.workers, data.prefetch and log.level can. "
                        "Start a new run with model.init_from=" + checkpoint + " to change it.");
   }
+  const fs::path dir(run_dir);
+  std::vector<std::string> all = overrides;
+  all.push_back("project=" + dir.parent_path().string());
+  all.push_back("name=" + dir.filename().string());
   const std::string yaml = train::checkpoint_config_yaml(checkpoint);
   const std::string tmp = (fs::temp_directory_path() / ("headroom-resume-" + std::to_string(::getpid()) + ".yaml")).string();
   write_file_atomic(tmp, yaml);
   try {
-    Config c = load_run_config(tmp, overrides);
+    Config c = load_run_config(tmp, all);
     fs::remove(tmp);
     c.source = checkpoint;
     return c;
@@ -62,8 +75,15 @@ void add_train_command(CLI::App& app, int& exit_code) {
     Config c;
     std::string checkpoint, run_dir;
     if (resume_opt->count() > 0) {
+      // `--resume name=x` : the flag takes no path there, the word is an override.
+      if (resume.find('=') != std::string::npos && !fs::exists(resume)) {
+        overrides.push_back(resume);
+        resume.clear();
+      }
+      std::vector<std::string> location, rest;
+      for (const auto& o : overrides) (kRunLocation.count(key_of(o)) ? location : rest).push_back(o);
+      const Config base = load_run_config(config_path, location);  // project and name as given, else the config's
       if (resume.empty() || resume == "auto") {
-        const Config base = load_run_config(config_path, {});
         checkpoint = train::find_resume_checkpoint(base.project, base.name);
         if (checkpoint.empty())
           throw InputError("--resume auto: no loadable checkpoint under " + (fs::path(base.project) / (base.name + "*")).string() +
@@ -75,8 +95,13 @@ void add_train_command(CLI::App& app, int& exit_code) {
       if (weights_dir.filename() != "weights")
         throw InputError(checkpoint + ": --resume continues a run in its own directory, so it takes a checkpoint in "
                          "<project>/<name>/weights/; to start a new run from these weights, use model.init_from=" + checkpoint);
-      c = resume_config(checkpoint, overrides);
       run_dir = weights_dir.parent_path().string();
+      if (!resume.empty() && resume != "auto" && !location.empty() &&
+          fs::weakly_canonical(fs::path(base.project) / base.name) != fs::weakly_canonical(run_dir))
+        throw InputError("--resume " + checkpoint + " continues the run in " + run_dir + ", not in " +
+                         (fs::path(base.project) / base.name).string() + "; drop project=/name=, or resume with --resume auto "
+                         "to pick that run's newest checkpoint");
+      c = resume_config(checkpoint, run_dir, rest);
       add_log_file((fs::path(run_dir) / "train.log").string());
     } else {
       if (config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
@@ -84,7 +109,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
     }
     const c10::Device device = run_device(c);
     memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
-    std::shared_ptr<memory::MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
+    std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
     const int64_t budget = memory::resolve_budget(c.memory.budget, *monitor);
     auto train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     if (c.train.batch_auto) {
@@ -99,21 +124,17 @@ void add_train_command(CLI::App& app, int& exit_code) {
       c.train.batch = int(a.batch);
       c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
     }
-    std::shared_ptr<memory::CheckpointPlanner> planner;
-    if (c.memory.activation_checkpointing == CheckpointMode::auto_) planner = memory::make_checkpoint_planner(c, train_split, *monitor, budget);
+    std::shared_ptr<memory::RecomputePlanner> planner;
+    if (c.memory.activation_checkpointing == "auto") planner = memory::make_recompute_planner(c, train_split, *monitor, budget);
     if (run_dir.empty()) run_dir = open_run_dir(c);
-    train::Trainer trainer(train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c)));
-    monitor->set_limit(budget);  // enforced with or without the governor
-    // The governor first: its after_step reads the step's own peak before evaluation adds to it.
-    if (c.memory.governor) trainer.register_hook(std::make_unique<memory::GovernorHook>(monitor, memory::governor_options(c, budget)));
+    train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c));
+    parts.monitor = monitor;
+    train::Trainer trainer(std::move(parts));
+    monitor->set_limit(budget);  // enforced with or without recovery
+    // The governor first: it runs the steps, and its after_step judges the step's own peak.
+    trainer.register_hook(std::make_unique<memory::Governor>(memory::governor_options(c, budget), planner));
     trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
-    train::register_default_hooks(trainer);
-    if (planner)
-      trainer.set_checkpoint_planner([planner, logged = std::make_shared<std::set<std::pair<int64_t, int64_t>>>()](int64_t size, int64_t micro) {
-        const memory::StagePlan& p = planner->plan(size, micro);
-        if (logged->insert({size, micro}).second) spdlog::info("{}", planner->describe(p, size, micro));
-        return p.checkpointed;
-      });
+    train::register_default_hooks(trainer, c);
     if (!checkpoint.empty()) trainer.load_checkpoint(checkpoint);
     train::install_interrupt_handler();
     trainer.train();

@@ -133,7 +133,7 @@ class Loader {
 // Rules between keys, checked once all of them are set.
 void check_combinations(const Config& c, std::vector<std::string>& problems) {
   const TrainConfig& t = c.train;
-  if (t.schedule == LrSchedule::manual) {
+  if (t.schedule == "manual") {
     if (t.lr_steps.empty() || t.lr_steps.size() != t.lr_values.size())
       problems.push_back(c.where("train.schedule") + ": train.schedule: manual needs train.lr_steps and train.lr_values "
                          "of the same length (e.g. lr_steps: [1000, 5000], lr_values: [1e-4, 1e-5])");
@@ -276,55 +276,6 @@ Json config_to_json(const Config& c) {
     for (const ConfigKey* k : keys) target[leaf_of(k->info.path)] = k->get(c);
   });
   return root;
-}
-
-const char* to_string(CacheMode m) {
-  switch (m) {
-    case CacheMode::none: return "none";
-    case CacheMode::ram: return "ram";
-    case CacheMode::disk: return "disk";
-  }
-  return "?";
-}
-
-const char* to_string(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adamw: return "adamw";
-  }
-  return "?";
-}
-
-const char* to_string(LrSchedule s) {
-  switch (s) {
-    case LrSchedule::linear: return "linear";
-    case LrSchedule::cosine: return "cosine";
-    case LrSchedule::manual: return "manual";
-  }
-  return "?";
-}
-
-const char* to_string(AmpMode m) {
-  switch (m) {
-    case AmpMode::auto_: return "auto";
-    case AmpMode::off: return "off";
-    case AmpMode::fp16: return "fp16";
-    case AmpMode::bf16: return "bf16";
-  }
-  return "?";
-}
-
-const char* to_string(OnError e) { return e == OnError::skip ? "skip" : "fail"; }
-
-const char* to_string(CheckpointMode m) {
-  switch (m) {
-    case CheckpointMode::off: return "off";
-    case CheckpointMode::stages: return "stages";
-    case CheckpointMode::all: return "all";
-    case CheckpointMode::auto_: return "auto";
-  }
-  return "?";
 }
 
 }  // namespace headroom

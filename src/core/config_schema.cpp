@@ -190,34 +190,32 @@ ConfigKey string_key(std::string path, F field, std::string allowed, std::string
   return k;
 }
 
-// One of a fixed set of words; `aliases` maps other spellings (YAML booleans) to a word.
-template <class E, class F>
-ConfigKey enum_key(std::string path, F field, std::vector<std::pair<std::string, E>> values,
-                   std::string doc, std::vector<std::pair<std::string, E>> aliases = {}) {
-  std::vector<std::string> names;
-  for (const auto& [name, e] : values) names.push_back(name);
-  const std::string allowed = join(names, " | ");
+// One of a fixed set of words, stored as the word; `aliases` maps other spellings (YAML
+// booleans, Ultralytics' capitals) to a word.
+template <class F>
+ConfigKey choice_key(std::string path, F field, std::vector<std::string> words, std::string doc,
+                     std::vector<std::pair<std::string, std::string>> aliases = {}) {
+  const std::string allowed = join(words, " | ");
   ConfigKey k{{path, "enum", allowed, "", doc}, nullptr, nullptr};
   k.set = [=](Config& c, const YAML::Node& n) -> std::string {
     if (!n.IsScalar()) return "expected one of " + allowed + ", got " + node_kind(n);
     const std::string s = n.Scalar();
-    for (const auto& list : {values, aliases})
-      for (const auto& [name, e] : list)
-        if (name == s) {
-          field(c) = e;
-          return "";
-        }
+    for (const auto& w : words)
+      if (w == s) {
+        field(c) = w;
+        return "";
+      }
+    for (const auto& [alias, w] : aliases)
+      if (alias == s) {
+        field(c) = w;
+        return "";
+      }
     std::string msg = "'" + s + "' is not allowed; use one of " + allowed;
-    const std::string near = nearest_match(s, names);
+    const std::string near = nearest_match(s, words);
     if (!near.empty()) msg += " (did you mean '" + near + "'?)";
     return msg;
   };
-  k.get = [=](const Config& c) {
-    const E e = field(const_cast<Config&>(c));
-    for (const auto& [name, v] : values)
-      if (v == e) return Json(name);
-    return Json();
-  };
+  k.get = [=](const Config& c) { return Json(field(const_cast<Config&>(c))); };
   return k;
 }
 
@@ -487,17 +485,13 @@ std::vector<ConfigKey> build_schema() {
                    "Decode threads; auto = min(cores, 8); 0 decodes on the consumer's thread."),
       int_key<int>("data.prefetch", [](Config& c) -> int& { return c.data.prefetch; }, 1, 64,
                    "Decoded batches kept ready ahead of the consumer."),
-      enum_key<CacheMode>("data.cache", [](Config& c) -> CacheMode& { return c.data.cache; },
-                          {{"none", CacheMode::none}, {"ram", CacheMode::ram},
-                           {"disk", CacheMode::disk}},
+      choice_key("data.cache", [](Config& c) -> std::string& { return c.data.cache; }, {"none", "ram", "disk"},
                           "Decoded-image cache: ram holds letterboxed images in memory (checked "
                           "against free memory first); disk writes a memory-mapped shard beside "
                           "the data, rebuilt when the images or the canvas change. Ultralytics' "
                           "`true`/`false` mean ram/none.",
-                          {{"true", CacheMode::ram}, {"false", CacheMode::none},
-                           {"True", CacheMode::ram}, {"False", CacheMode::none}}),
-      enum_key<OnError>("data.on_error", [](Config& c) -> OnError& { return c.data.on_error; },
-                        {{"skip", OnError::skip}, {"fail", OnError::fail}},
+                          {{"true", "ram"}, {"false", "none"}, {"True", "ram"}, {"False", "none"}}),
+      choice_key("data.on_error", [](Config& c) -> std::string& { return c.data.on_error; }, {"skip", "fail"},
                         "A corrupt image or label: skip it with a warning naming the file "
                         "(counted in the summary), or stop."),
       int_key<int64_t>("data.max_pixels", [](Config& c) -> int64_t& { return c.data.max_pixels; },
@@ -512,10 +506,9 @@ std::vector<ConfigKey> build_schema() {
       int_key<int>("train.epochs", [](Config& c) -> int& { return c.train.epochs; }, 1, 1 << 20, "Epochs to train."),
       int_key<int64_t>("train.steps", [](Config& c) -> int64_t& { return c.train.steps; }, 0, int64_t{1} << 40,
                        "Optimizer steps to train (TF OD API num_steps); 0 = train.epochs decides."),
-      enum_key<OptimizerKind>("train.optimizer", [](Config& c) -> OptimizerKind& { return c.train.optimizer; },
-                              {{"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}},
+      choice_key("train.optimizer", [](Config& c) -> std::string& { return c.train.optimizer; }, {"sgd", "adam", "adamw"},
                               "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases.",
-                              {{"SGD", OptimizerKind::sgd}, {"Adam", OptimizerKind::adam}, {"AdamW", OptimizerKind::adamw}}),
+                              {{"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}}),
       double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
       double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,
                  "linear / cosine schedules end at lr0 * lrf."),
@@ -524,8 +517,7 @@ std::vector<ConfigKey> build_schema() {
       bool_key("train.nesterov", [](Config& c) -> bool& { return c.train.nesterov; }, "Nesterov momentum (SGD)."),
       double_key("train.weight_decay", [](Config& c) -> double& { return c.train.weight_decay; }, 0, 1,
                  "Weight decay of convolution and linear weights, scaled by batch * accumulate / nominal_batch."),
-      enum_key<LrSchedule>("train.schedule", [](Config& c) -> LrSchedule& { return c.train.schedule; },
-                           {{"linear", LrSchedule::linear}, {"cosine", LrSchedule::cosine}, {"manual", LrSchedule::manual}},
+      choice_key("train.schedule", [](Config& c) -> std::string& { return c.train.schedule; }, {"linear", "cosine", "manual"},
                            "Learning-rate schedule over the run's optimizer steps: linear or cosine from lr0 to "
                            "lr0 * lrf, or manual steps (lr0 until lr_steps[0], then lr_values[0], ...)."),
       list_key<int64_t>("train.lr_steps", [](Config& c) -> std::vector<int64_t>& { return c.train.lr_steps; }, 1, 1e15,
@@ -539,11 +531,10 @@ std::vector<ConfigKey> build_schema() {
                  "Momentum at the start of warmup."),
       double_key("train.warmup_bias_lr", [](Config& c) -> double& { return c.train.warmup_bias_lr; }, 0, 10,
                  "Bias learning rate at the start of warmup."),
-      enum_key<AmpMode>("train.amp", [](Config& c) -> AmpMode& { return c.train.amp; },
-                        {{"auto", AmpMode::auto_}, {"off", AmpMode::off}, {"fp16", AmpMode::fp16}, {"bf16", AmpMode::bf16}},
+      choice_key("train.amp", [](Config& c) -> std::string& { return c.train.amp; }, {"auto", "off", "fp16", "bf16"},
                         "Mixed precision: fp16 (CUDA; with a dynamic loss scaler), bf16 (CUDA or CPU, no scaler), "
                         "off; auto = fp16 on CUDA, off on the CPU.",
-                        {{"true", AmpMode::fp16}, {"false", AmpMode::off}, {"True", AmpMode::fp16}, {"False", AmpMode::off}}),
+                        {{"true", "fp16"}, {"false", "off"}, {"True", "fp16"}, {"False", "off"}}),
       bool_key("train.ema", [](Config& c) -> bool& { return c.train.ema; },
                "Keep an exponential moving average of the weights; it is what validation and best.pt use."),
       double_key("train.ema_decay", [](Config& c) -> double& { return c.train.ema_decay; }, 0, 1, "EMA decay."),
@@ -561,14 +552,13 @@ std::vector<ConfigKey> build_schema() {
                        int64_t{1} << 40, "Write weights/step_N.pt every N optimizer steps; 0 = off (last.pt and best.pt are always written)."),
       int_key<int>("train.keep", [](Config& c) -> int& { return c.train.keep; }, 1, 1 << 20, "Step checkpoints kept (the newest)."),
       int_key<int>("train.log_every", [](Config& c) -> int& { return c.train.log_every; }, 1, 1 << 20,
-                   "Optimizer steps between progress updates; each reads the losses back from the device once."),
+                   "Optimizer steps between reads of the device counters (and at every epoch's end): one host sync each, none "
+                   "else in a step; the progress line and the non-finite guard use each read."),
       bool_key("train.plots", [](Config& c) -> bool& { return c.train.plots; },
                "Draw results.png, train_batch0.jpg and labels.jpg in the run directory."),
       // memory
-      enum_key<CheckpointMode>("memory.activation_checkpointing",
-                               [](Config& c) -> CheckpointMode& { return c.memory.activation_checkpointing; },
-                               {{"off", CheckpointMode::off}, {"stages", CheckpointMode::stages}, {"all", CheckpointMode::all},
-                                {"auto", CheckpointMode::auto_}},
+      choice_key("memory.activation_checkpointing",
+                 [](Config& c) -> std::string& { return c.memory.activation_checkpointing; }, {"off", "stages", "all", "auto"},
                                "Recompute activations in backward instead of keeping them: stages = coarse "
                                "segments (YOLO backbone/neck stages, one per Hourglass stack), all = fine "
                                "segments (every YOLO layer, every Hourglass block sequence); auto = per input size, the fewest "
@@ -578,10 +568,10 @@ std::vector<ConfigKey> build_schema() {
                  "Share of the budget kept free: train.batch=auto and the governor aim for budget * (1 - headroom)."),
       bool_key("memory.governor", [](Config& c) -> bool& { return c.memory.governor; },
                "On an out-of-memory error, drop the step, halve the micro-batch and re-run the same batch "
-               "(then checkpoint every stage, then AMP); off = stop with the memory table."),
+               "(then recompute every stage, then AMP); off = stop with the memory table."),
       bool_key("memory.allow_amp", [](Config& c) -> bool& { return c.memory.allow_amp; },
                "Let the governor switch mixed precision on when a micro-batch of 1 with every stage "
-               "checkpointed still does not fit."),
+               "recomputed still does not fit."),
       int_key<int64_t>("memory.grow_after", [](Config& c) -> int64_t& { return c.memory.grow_after; }, 0, int64_t{1} << 40,
                        "Optimizer steps without memory pressure after which a micro-batch the governor shrank "
                        "doubles back (up to the loader batch); 0 = never."),

@@ -9,12 +9,23 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include "headroom/core/errors.h"
 
 namespace headroom {
 
 namespace fs = std::filesystem;
+
+namespace {
+// close() after a failed fsync still releases the descriptor; its own error is secondary.
+int close_keeping_errno(int fd) {
+  const int err = errno;
+  const int rc = ::close(fd);
+  errno = err;
+  return rc;
+}
+}  // namespace
 
 void fsync_path(const std::string& path, bool is_directory) {
   const int fd = ::open(path.c_str(), is_directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -25,38 +36,76 @@ void fsync_path(const std::string& path, bool is_directory) {
   if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const fs::path target(path);
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  const fs::path target(path_);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string tmp =
-      (dir / ("." + target.filename().string() + ".tmp" + std::to_string(::getpid()) + "." +
-              std::to_string(std::random_device{}())))
-          .string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+  tmp_ = (dir / ("." + target.filename().string() + ".tmp" + std::to_string(::getpid()) + "." +
+                 std::to_string(std::random_device{}())))
+             .string();
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() { discard(); }
+
+void AtomicFile::discard() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+}
+
+void AtomicFile::write(const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, p, size);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(path + ": write failed (" + std::strerror(err) + "); the previous file is untouched");
+      discard();
+      throw Error(path_ + ": write failed (" + std::strerror(err) + "); the previous file is untouched");
     }
-    done += static_cast<size_t>(n);
+    p += n;
+    size -= size_t(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+}
+
+void AtomicFile::commit() {
+  const int synced = ::fsync(fd_);
+  const int closed = synced == 0 ? ::close(fd_) : close_keeping_errno(fd_);
+  fd_ = -1;
+  if (synced != 0 || closed != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": flush failed (" + std::strerror(err) + "); the previous file is untouched");
+    discard();
+    throw Error(path_ + ": flush failed (" + std::strerror(err) + "); the previous file is untouched");
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": rename failed (" + std::strerror(err) + ")");
+    discard();
+    throw Error(path_ + ": rename failed (" + std::strerror(err) + ")");
   }
-  fsync_path(dir.string(), true);
+  tmp_.clear();
+  const fs::path target(path_);
+  fsync_path(target.has_parent_path() ? target.parent_path().string() : std::string("."), true);
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  AtomicFile f(path);
+  f.write(contents.data(), contents.size());
+  f.commit();
+}
+
+void copy_file_atomic(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw Error(from + ": cannot open the file to copy it");
+  AtomicFile out(to);
+  std::vector<char> buf(size_t(1) << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    if (in.gcount() > 0) out.write(buf.data(), size_t(in.gcount()));
+  }
+  if (in.bad()) throw Error(from + ": reading failed while copying it to " + to);
+  out.commit();
 }
 
 std::string read_file(const std::string& path) {

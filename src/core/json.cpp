@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 
@@ -87,8 +88,13 @@ void Json::dump_to(std::string& out, int indent, int depth) const {
       } else if (number_ == std::floor(number_) && std::fabs(number_) < 9007199254740992.0) {
         out += std::to_string(static_cast<int64_t>(number_));
       } else {
+        // The shortest text that reads back as the same double (state saved in checkpoints
+        // must round-trip exactly).
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%.9g", number_);
+        for (int digits = 9; digits <= 17; ++digits) {
+          std::snprintf(buf, sizeof buf, "%.*g", digits, number_);
+          if (std::strtod(buf, nullptr) == number_) break;
+        }
         out += buf;
       }
       break;

@@ -373,10 +373,19 @@ Split load_split(const Config& c, const std::string& split, bool full_decode) {
                      ": data.dataset is not set; point it at a data YAML (data.dataset=path/to/data.yaml)");
   ScanOptions o;
   o.max_pixels = c.data.max_pixels;
-  o.on_error = c.data.on_error;
+  o.on_error = on_error_from(c.data.on_error);
   o.threads = std::max(1, resolve_workers(c.data.workers));
   o.full_decode = full_decode;
   return scan_split(read_data_yaml(c.data.dataset), split, o);
 }
+
+namespace {
+const std::pair<const char*, OnError> kOnError[] = {{"skip", OnError::skip}, {"fail", OnError::fail}};
+const std::pair<const char*, CacheMode> kCacheMode[] = {{"none", CacheMode::none}, {"ram", CacheMode::ram}, {"disk", CacheMode::disk}};
+}  // namespace
+
+OnError on_error_from(const std::string& word) { return enum_from_word(word, kOnError); }
+CacheMode cache_mode_from(const std::string& word) { return enum_from_word(word, kCacheMode); }
+const char* to_string(CacheMode m) { return enum_word(m, kCacheMode); }
 
 }  // namespace headroom::data

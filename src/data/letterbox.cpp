@@ -1,6 +1,7 @@
 #include "headroom/data/letterbox.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <opencv2/imgproc.hpp>
@@ -55,8 +56,20 @@ ItemBoxes boxes_in_canvas(const Sample& s, const Letterbox& g) {
   return out;
 }
 
+namespace {
+std::atomic<int64_t> g_decoded{0};
+}  // namespace
+
+int64_t canvases_decoded() { return g_decoded.load(); }
+
 void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw) {
-  const std::string bytes = read_file(s.image);
+  ++g_decoded;
+  std::string bytes;
+  try {
+    bytes = read_file(s.image);
+  } catch (const InputError&) {  // the scan read it: it was removed or made unreadable since
+    throw ImageError(s.image + ": cannot be read any more (removed or made unreadable after the data set was scanned)");
+  }
   try {
     const Image img = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), max_pixels,
                                    g.resized_w, g.resized_h);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "headroom/core/logging.h"
+#include "headroom/core/memory.h"
 #include "headroom/core/random.h"
 #include "headroom/core/threads.h"
 
@@ -27,8 +28,8 @@ LoaderOptions loader_options(const Config& c, const Split& split, bool training,
       .seed(c.seed)
       .pin_memory(pin_memory)
       .max_pixels(c.data.max_pixels)
-      .on_error(c.data.on_error)
-      .cache(c.data.cache)
+      .on_error(on_error_from(c.data.on_error))
+      .cache(cache_mode_from(c.data.cache))
       .shard_path(default_shard_path(split.source, c.data.imgsz));
 }
 
@@ -42,26 +43,31 @@ std::vector<int64_t> Loader::epoch_order(int64_t n, int64_t seed, int64_t epoch,
   return permutation(n, rng);
 }
 
-Loader::Loader(std::shared_ptr<const Split> split, LoaderOptions options)
-    : split_(std::move(split)), options_(std::move(options)) {
+std::shared_ptr<const DecodedCache> open_cache(const Split& split, const LoaderOptions& o) {
+  if (o.cache() == CacheMode::none) return nullptr;
+  CacheOptions co;
+  co.mode = o.cache();
+  co.canvas = o.imgsz();
+  co.threads = std::max(1, o.workers());
+  co.max_pixels = o.max_pixels();
+  co.shard_path = o.shard_path().empty() ? default_shard_path(split.source, o.imgsz()) : o.shard_path();
+  return DecodedCache::open(split, co);
+}
+
+Loader::Loader(std::shared_ptr<const Split> split, LoaderOptions options, std::shared_ptr<const DecodedCache> cache)
+    : split_(std::move(split)), options_(std::move(options)), cache_(std::move(cache)) {
   TORCH_CHECK(options_.batch() > 0 && options_.imgsz() > 0 && options_.prefetch() > 0, "bad loader options");
-  if (options_.cache() != CacheMode::none) {
-    CacheOptions co;
-    co.mode = options_.cache();
-    co.canvas = options_.imgsz();
-    co.threads = std::max(1, options_.workers());
-    co.max_pixels = options_.max_pixels();
-    co.shard_path = options_.shard_path().empty() ? default_shard_path(split_->source, options_.imgsz())
-                                                  : options_.shard_path();
-    cache_ = DecodedCache::open(*split_, co);
-  }
+  if (!cache_) cache_ = open_cache(*split_, options_);
 }
 
 Loader::~Loader() { stop_workers(); }
 
+int64_t Loader::batches_in(int64_t images, int64_t batch, bool drop_last) {
+  return drop_last ? images / batch : (images + batch - 1) / batch;
+}
+
 int64_t Loader::batches_per_epoch() const {
-  const int64_t n = static_cast<int64_t>(split_->samples.size()), B = options_.batch();
-  return options_.drop_last() ? n / B : (n + B - 1) / B;
+  return batches_in(static_cast<int64_t>(split_->samples.size()), options_.batch(), options_.drop_last());
 }
 
 int64_t Loader::batch_size(int64_t batch) const {
@@ -87,6 +93,9 @@ void Loader::start(int64_t epoch, int64_t batch) {
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.clear();
   error_ = nullptr;
+  error_is_oom_ = false;
+  failed_.clear();
+  retry_.clear();
   order_ = epoch_order(n, options_.seed(), epoch, options_.shuffle());
   epoch_ = epoch;
   cursor_ = batch;
@@ -100,7 +109,7 @@ void Loader::start(int64_t epoch, int64_t batch) {
 Loader::Pending& Loader::pending_for(int64_t batch) {
   auto it = pending_.find(batch);
   if (it != pending_.end()) return it->second;
-  Pending& p = pending_[batch];
+  Pending p;  // allocated before it is inserted: an out-of-memory error leaves no half-made entry
   const int64_t bs = batch_size(batch), S = options_.imgsz();
   p.batch.images = at::empty({bs, 3, S, S}, at::TensorOptions().dtype(at::kByte).pinned_memory(options_.pin_memory()));
   p.batch.meta.resize(static_cast<size_t>(bs));
@@ -108,7 +117,15 @@ Loader::Pending& Loader::pending_for(int64_t batch) {
   p.batch.index = batch;
   p.boxes.resize(static_cast<size_t>(bs));
   p.remaining = bs;
-  return p;
+  return pending_.emplace(batch, std::move(p)).first->second;
+}
+
+void Loader::requeue_failed() {
+  retry_.insert(retry_.end(), failed_.begin(), failed_.end());
+  failed_.clear();
+  error_ = nullptr;
+  error_is_oom_ = false;
+  work_cv_.notify_all();
 }
 
 void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
@@ -167,29 +184,55 @@ void Loader::worker_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     const int64_t total = options_.drop_last() ? end_batch_ * B : static_cast<int64_t>(order_.size());
-    work_cv_.wait(lock, [&] { return stop_ || (next_task_ < total && next_task_ / B < cursor_ + options_.prefetch()); });
+    work_cv_.wait(lock, [&] {
+      return stop_ || !retry_.empty() || (next_task_ < total && next_task_ / B < cursor_ + options_.prefetch());
+    });
     if (stop_) return;
-    const int64_t pos = next_task_++;
+    int64_t pos;
+    if (!retry_.empty()) {
+      pos = retry_.front();
+      retry_.pop_front();
+    } else {
+      pos = next_task_++;
+    }
     const int64_t batch = pos / B, slot = pos % B;
-    Pending& p = pending_for(batch);
-    lock.unlock();
+    // Everything that allocates sits inside the try: an error here reaches the consumer, and a
+    // thread that threw would end the process.
     std::exception_ptr error;
+    Pending* p = nullptr;
     try {
-      fill_slot(p, batch, slot, pos);
+      p = &pending_for(batch);
+      lock.unlock();
+      fill_slot(*p, batch, slot, pos);
+      lock.lock();
+      if (--p->remaining == 0) {
+        try {
+          collate(p->batch, p->boxes, options_.pin_memory());
+        } catch (...) {
+          ++p->remaining;  // the retried slot completes the batch again
+          throw;
+        }
+        p->ready = true;
+        ready_cv_.notify_all();
+      }
     } catch (...) {
       error = std::current_exception();
+      if (!lock.owns_lock()) lock.lock();
     }
-    lock.lock();
-    if (error) {
-      if (!error_) error_ = error;
-      ready_cv_.notify_all();
-      continue;
+    if (!error) continue;
+    bool oom = false;
+    try {
+      std::rethrow_exception(error);
+    } catch (const c10::Error& e) {
+      oom = is_out_of_memory(e);
+    } catch (...) {
     }
-    if (--p.remaining == 0) {
-      collate_boxes(p.batch, p.boxes, options_.pin_memory());
-      p.ready = true;
-      ready_cv_.notify_all();
+    if (oom) failed_.push_back(pos);
+    if (!error_ || (error_is_oom_ && !oom)) {  // a real error outranks an out-of-memory one
+      error_ = error;
+      error_is_oom_ = oom;
     }
+    ready_cv_.notify_all();
   }
 }
 
@@ -205,7 +248,7 @@ std::optional<HostBatch> Loader::next() {
       p = &pending_for(cursor_);
     }
     for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, cursor_, slot, cursor_ * options_.batch() + slot);
-    collate_boxes(p->batch, p->boxes, options_.pin_memory());
+    collate(p->batch, p->boxes, options_.pin_memory());
     std::lock_guard<std::mutex> lock(mutex_);
     batch = std::move(p->batch);
     pending_.erase(cursor_++);
@@ -215,7 +258,11 @@ std::optional<HostBatch> Loader::next() {
       const auto it = pending_.find(cursor_);
       return error_ || (it != pending_.end() && it->second.ready);
     });
-    if (error_) std::rethrow_exception(error_);
+    if (error_) {
+      const std::exception_ptr error = error_;
+      if (error_is_oom_) requeue_failed();  // the caller frees memory and asks again
+      std::rethrow_exception(error);
+    }
     batch = std::move(pending_[cursor_].batch);
     pending_.erase(cursor_++);
     lock.unlock();

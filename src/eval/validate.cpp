@@ -99,11 +99,15 @@ Json ground_truth_json(const data::Split& split) {
 
 ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<const data::Split>& split, const ValidateOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const bool was_training = model.is_training();
+  struct ModeGuard {
+    models::DetectorImpl& m;
+    bool training = m.is_training();
+    ~ModeGuard() { m.train(training); }
+  } mode{model};
   model.eval();
   at::NoGradGuard no_grad;
   ValidationResult r;
-  data::Loader loader(split, o.loader);
+  data::Loader loader(split, o.loader, o.cache);
   loader.start(0);
   while (auto batch = loader.next()) {
     const Detections d = decode(model.info(), model.forward(model_input(batch->images, o.device)), o.decode);
@@ -119,7 +123,6 @@ ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<con
       }
     r.images += batch->size();
   }
-  model.train(was_training);
   r.ground_truth = ground_truth_boxes(*split, &r.image_ids, &r.category_ids);
   r.stats = coco_evaluate(r.ground_truth, r.detections, r.image_ids, r.category_ids);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -56,52 +56,71 @@ CenterNetTargets centernet_targets(const at::Tensor& boxes_px, const at::Tensor&
   return t;
 }
 
-at::Tensor centernet_focal_loss(const at::Tensor& logits, const at::Tensor& target) {
+at::Tensor centernet_focal_sum(const at::Tensor& logits, const at::Tensor& target) {
   const at::Tensor p = logits.to(at::kFloat).sigmoid().clamp(1e-4, 1 - 1e-4);
   const at::Tensor pos = target.eq(1), zero = at::zeros({}, p.options());
   const at::Tensor pos_loss = at::where(pos, at::log(p) * (1 - p).pow(2), zero).sum();
   const at::Tensor neg_loss = at::where(pos, zero, at::log(1 - p) * p.pow(2) * (1 - target).pow(4)).sum();
-  return -(pos_loss + neg_loss) / pos.sum().clamp_min(1).to(at::kFloat);
+  return -(pos_loss + neg_loss);
+}
+
+at::Tensor centernet_focal_loss(const at::Tensor& logits, const at::Tensor& target) {
+  return centernet_focal_sum(logits, target) / target.eq(1).sum().clamp_min(1).to(at::kFloat);
 }
 
 namespace {
 
-// L1 of the predictions at the centre cells, normalised by 2 x objects (as the reference).
-at::Tensor centre_l1(const at::Tensor& pred, const at::Tensor& index, const at::Tensor& target, const at::Tensor& mask) {
+// L1 of the predictions at the centre cells, summed (the reference divides by 2 x objects).
+at::Tensor centre_l1_sum(const at::Tensor& pred, const at::Tensor& index, const at::Tensor& target, const at::Tensor& mask) {
   const int64_t B = pred.size(0), C = pred.size(1);
   const at::Tensor at_centres = pred.to(at::kFloat).view({B, C, -1}).gather(2, index.unsqueeze(1).expand({B, C, index.size(1)}))
                                     .permute({0, 2, 1});  // [B, N, C]
   const at::Tensor m = mask.unsqueeze(-1).to(at::kFloat);
-  return (at_centres * m - target * m).abs().sum() / (m.sum() * double(C) + 1e-4);
+  return (at_centres * m - target * m).abs().sum();
 }
 
 class CenterNetLoss : public DetectionLoss {
  public:
   CenterNetLoss(const models::DetectorInfo& info, const LossOptions& o) : info_(info), o_(o) {}
 
-  bool sums_over_images() const override { return false; }  // normalised by the positives, as TF
-  LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t) override {
+  std::vector<std::string> term_names() const override { return {"heatmap", "size", "offset"}; }
+
+  // The heatmap's centres (the focal loss's normaliser) and the objects (the L1 terms'), as TF
+  // and the reference normalise: means over the step, not over each part.
+  at::Tensor counts(const Targets& t, int64_t height, int64_t width) const override {
+    const int64_t stride = info_.strides[0];
+    const CenterNetTargets ct = targets(t, height / stride, width / stride);
+    return at::stack({ct.heatmap.eq(1).sum(), ct.mask.sum()}).to(at::kFloat);
+  }
+
+  LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& heat = outputs.at("heatmap");
     const auto& size = outputs.at("size");
     const auto& off = outputs.at("offset");
-    const CenterNetTargets ct = centernet_targets(t.boxes, t.classes, t.mask, info_.nc, heat[0].size(2), heat[0].size(3),
-                                                  info_.strides[0], o_.min_overlap);
+    const CenterNetTargets ct = targets(t, heat[0].size(2), heat[0].size(3));
     const auto fopt = heat[0].options().dtype(at::kFloat);
     at::Tensor lh = at::zeros({}, fopt), ls = at::zeros({}, fopt), lo = at::zeros({}, fopt);
     for (size_t s = 0; s < heat.size(); ++s) {  // every stack, averaged
-      lh = lh + centernet_focal_loss(heat[s], ct.heatmap);
-      ls = ls + centre_l1(size[s], ct.index, ct.size, ct.mask);
-      lo = lo + centre_l1(off[s], ct.index, ct.offset, ct.mask);
+      lh = lh + centernet_focal_sum(heat[s], ct.heatmap);
+      ls = ls + centre_l1_sum(size[s], ct.index, ct.size, ct.mask);
+      lo = lo + centre_l1_sum(off[s], ct.index, ct.offset, ct.mask);
     }
+    const at::Tensor centres = step.counts[0].clamp_min(1), l1 = step.counts[1] * 2.0 + 1e-4;  // 2 channels per object
     const double stacks = double(heat.size());
-    lh = lh / stacks * o_.task_loss_weight, ls = ls / stacks * o_.scale_loss_weight, lo = lo / stacks * o_.offset_loss_weight;
+    lh = lh / centres / stacks * o_.heatmap_weight();
+    ls = ls / l1 / stacks * o_.size_weight();
+    lo = lo / l1 / stacks * o_.offset_weight();
     LossTerms out;
     out.total = lh + ls + lo;
-    out.items = {{"heatmap", lh.detach()}, {"size", ls.detach()}, {"offset", lo.detach()}};
+    out.items = at::stack({lh, ls, lo}).detach();
     return out;
   }
 
  private:
+  CenterNetTargets targets(const Targets& t, int64_t H, int64_t W) const {
+    return centernet_targets(t.boxes, t.classes, t.mask, info_.nc, H, W, info_.strides[0], o_.min_overlap());
+  }
+
   models::DetectorInfo info_;
   LossOptions o_;
 };

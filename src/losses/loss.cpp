@@ -18,7 +18,29 @@ Targets make_targets(const at::Tensor& boxes, const at::Tensor& classes, const a
   return t;
 }
 
-LossOptions loss_options(const Config& c) { return c.loss; }
+Targets Targets::narrow(int64_t start, int64_t length) const {
+  return {boxes.narrow(0, start, length), classes.narrow(0, start, length), mask.narrow(0, start, length)};
+}
+
+LossOptions loss_options(const Config& c) {
+  const LossConfig& l = c.loss;
+  return LossOptions()
+      .box(l.box)
+      .cls(l.cls)
+      .dfl(l.dfl)
+      .tal_topk(l.tal_topk)
+      .tal_alpha(l.tal_alpha)
+      .tal_beta(l.tal_beta)
+      .assigner_chunk(l.assigner_chunk)
+      .obj(l.obj)
+      .anchor_t(l.anchor_t)
+      .heatmap_weight(l.task_loss_weight)
+      .size_weight(l.scale_loss_weight)
+      .offset_weight(l.offset_loss_weight)
+      .min_overlap(l.min_overlap);
+}
+
+at::Tensor DetectionLoss::counts(const Targets&, int64_t, int64_t) const { return {}; }
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options) {
   using Factory = std::function<std::unique_ptr<DetectionLoss>(const models::DetectorInfo&, const LossOptions&)>;
@@ -27,6 +49,18 @@ std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const
   const auto it = registry.find(info.family);
   if (it == registry.end()) throw Error("no loss for model family '" + info.family + "'");
   return it->second(info, options);
+}
+
+BatchLoss batch_loss(DetectionLoss& loss, const models::HeadOutputs& outputs, const Targets& targets, int64_t height,
+                     int64_t width) {
+  const StepNorm step{loss.counts(targets, height, width), targets.boxes.size(0)};
+  const LossTerms t = loss(outputs, targets, step);
+  const at::Tensor divisor = t.deferred.defined() ? t.deferred.clamp_min(1) : at::ones({}, t.total.options());
+  BatchLoss out;
+  out.total = t.total / divisor;
+  const std::vector<std::string> names = loss.term_names();
+  for (size_t i = 0; i < names.size(); ++i) out.items.emplace_back(names[i], t.items[int64_t(i)] / divisor);
+  return out;
 }
 
 }  // namespace headroom::losses

@@ -27,13 +27,14 @@ CountingCpuAllocator& CountingCpuAllocator::install() {
   return *instance;
 }
 
-void CountingCpuAllocator::inject_oom_after(int64_t n) {
+void CountingCpuAllocator::inject_oom_after(int64_t n, bool other_threads) {
   inject_thread_.store(std::this_thread::get_id());
+  inject_other_.store(other_threads);
   inject_countdown_.store(n);
 }
 
 c10::DataPtr CountingCpuAllocator::allocate(size_t n) HEADROOM_ALLOCATE_CONST {
-  if (inject_countdown_.load() > 0 && std::this_thread::get_id() == inject_thread_.load() &&
+  if (inject_countdown_.load() > 0 && (std::this_thread::get_id() == inject_thread_.load()) != inject_other_.load() &&
       inject_countdown_.fetch_sub(1) == 1) {
     ooms_.fetch_add(1);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: injected failure of a ", format_bytes(double(n)),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "headroom/augment/augment.h"
 #include "headroom/core/errors.h"
@@ -37,33 +38,45 @@ class LimitGuard {
   int64_t previous_;
 };
 
+// Calls `on` at the trainer's step phases: where the prober reads the allocator.
+class PhaseProbe : public train::Hook {
+ public:
+  std::function<void(train::StepPhase)> on;
+  void after_phase(train::Trainer&, train::StepPhase phase) override {
+    if (on) on(phase);
+  }
+};
+
 // A throwaway copy of the run (model, loss, optimizer with its state, EMA) on the run's device,
-// stepping on synthetic batches of the largest input size and the densest label count.
+// stepping on synthetic batches of the largest input size and the densest label count through
+// the trainer's own step primitives.
 class Prober {
  public:
-  Prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, AmpMode amp)
+  Prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, train::AmpMode amp)
       : monitor_(monitor), nc_(int64_t(split->names.size())) {
     monitor_.release_cache();
     base_ = monitor_.sample().allocated;
     Config pc = c;
-    pc.train.batch = 65536;  // micro-batch = whatever batch a probe passes
     pc.train.steps = 1;
-    pc.train.amp = amp;
-    pc.data.cache = CacheMode::none;  // the probes never read images: no cache to build
+    pc.train.amp = train::to_string(amp);
+    pc.data.cache = "none";  // the probes never read images: no cache to build
     train::TrainerParts parts = train::make_trainer_parts(pc, monitor.device(), "", split, nullptr);
     const int64_t multiple = parts.model->info().input_multiple;
-    size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).max_output_size(c.data.imgsz)
-                                        : c.data.imgsz;
-    min_size_ = augment::enabled(c.augment) ? augment::Augmenter(c.augment, c.seed, multiple, 1).min_output_size(c.data.imgsz)
-                                            : c.data.imgsz;
-    parts.config.data.imgsz = int(size_);
-    parts.config.augment.multi_scale = 0;  // every probe at the largest size
+    const augment::Augmenter as_configured(augment::augmenter_options(c, multiple, 1));
+    size_ = augment::enabled(c.augment) ? as_configured.max_output_size(c.data.imgsz) : c.data.imgsz;
+    min_size_ = augment::enabled(c.augment) ? as_configured.min_output_size(c.data.imgsz) : c.data.imgsz;
+    augment::AugmenterOptions fixed_size = augment::augmenter_options(c, multiple, 1);
+    fixed_size.policy().multi_scale = 0;  // every probe at the largest size
+    parts.augmenter = augment::enabled(fixed_size.policy()) ? std::make_unique<augment::Augmenter>(fixed_size) : nullptr;
     rows_ = densest_labels(*split);
     if (augment::enabled(c.augment) && c.augment.mosaic > 0) rows_ *= 4;  // a mosaic's rows: four images' boxes
     if (augment::enabled(c.augment) && c.augment.mixup > 0) rows_ *= 2;
     rows_ = std::max<int64_t>(rows_, 1);
     densest_ = densest_labels(*split);
     trainer_ = std::make_unique<train::Trainer>(std::move(parts));
+    auto probe = std::make_unique<PhaseProbe>();
+    phases_ = probe.get();
+    trainer_->register_hook(std::move(probe));
     stages_ = trainer_->model().stages();
   }
 
@@ -95,31 +108,32 @@ class Prober {
         time_at_row[size_t(row)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count();
       }
     });
-    trainer_->set_phase_observer([&](const char* phase) {
+    phases_->on = [&](train::StepPhase p) {
       const MemoryStats s = monitor_.sample();
       overall = std::max(overall, s.peak_allocated);
-      const std::string p = phase;
-      if (p == "input") {
+      if (p == train::StepPhase::input) {
         input_end = s.allocated;
         in_forward = true;
         monitor_.synchronize();
         forward_start = std::chrono::steady_clock::now();
-      } else if (p == "forward" && in_forward) {
+      } else if (p == train::StepPhase::forward && in_forward) {
         in_forward = false;
         forward_end = s.allocated;
         monitor_.reset_peak();
-      } else if (p == "loss" && r.workspace == 0) {
+      } else if (p == train::StepPhase::loss && r.workspace == 0) {
         r.workspace = double(s.peak_allocated - forward_end);
-      } else if (p == "backward") {
+      } else if (p == train::StepPhase::backward) {
         fb_peak = overall;
         monitor_.reset_peak();  // from here: the optimizer step and the EMA update
       }
-    });
+    };
     monitor_.release_cache();
     monitor_.reset_peak();
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      trainer_->step_on({batch});
+      const train::StepInput in = trainer_->prepare_step({batch});
+      trainer_->forward_backward(in, 0, 0, b);
+      trainer_->update();
       if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
       const MemoryStats s = monitor_.sample();
       r.fits = true;
@@ -129,11 +143,11 @@ class Prober {
       r.reserved_over = std::max<int64_t>(0, s.peak_reserved - std::max(overall, s.peak_allocated));
     } catch (const c10::Error& e) {
       if (!is_out_of_memory(e)) throw;
-      trainer_->optimizer().zero_grad();
+      trainer_->discard_gradients();
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     trainer_->model().set_row_observer(nullptr);
-    trainer_->set_phase_observer(nullptr);
+    phases_->on = nullptr;
     monitor_.release_cache();
     if (r.fits) {
       int64_t prev = input_end;
@@ -168,23 +182,25 @@ class Prober {
     at::Tensor cy = (at::floor(k / double(side)) + 0.5) * (double(S) / double(side));
     at::Tensor half = (double(S) / double(side)) * (0.2 + 0.25 * at::remainder(k, 3.0) / 2.0);
     at::Tensor box = at::stack({cx - half, cy - half, cx + half, cy + half}, 1).clamp(0, double(S));  // [N, 4] xyxy px
-    h.boxes = box.unsqueeze(0).expand({b, N, 4}).contiguous();
+    h.meta.resize(size_t(b));
+    for (int64_t i = 0; i < b; ++i) h.meta[size_t(i)] = data::ImageMeta{i, data::letterbox_geometry(int(S), int(S), int(S))};
+    data::collate(h, std::vector<data::ItemBoxes>(size_t(b)), false);  // the per-image tensors
+    h.boxes = box.unsqueeze(0).expand({b, N, 4}).contiguous();         // then the crowded boxes
     h.classes = at::remainder(at::arange(N, at::kLong), std::max<int64_t>(nc_, 1)).unsqueeze(0).expand({b, N}).contiguous();
     h.crowd = at::zeros({b, N}, at::kBool);
     h.counts = at::full({b}, N, at::kLong);
-    h.meta.resize(size_t(b));
-    for (int64_t i = 0; i < b; ++i) h.meta[size_t(i)] = data::ImageMeta{i, data::letterbox_geometry(int(S), int(S), int(S))};
     return h;
   }
 
   MemoryMonitor& monitor_;
   int64_t nc_, base_ = 0, size_ = 0, min_size_ = 0, rows_ = 0, densest_ = 0;
   std::unique_ptr<train::Trainer> trainer_;
+  PhaseProbe* phases_ = nullptr;  // owned by trainer_
   std::vector<models::StageSpan> stages_;
 };
 
 // The prober, or an InputError when the model and its training state alone exceed the budget.
-Prober make_prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, AmpMode amp,
+Prober make_prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, train::AmpMode amp,
                    int64_t budget) {
   try {
     return Prober(c, split, monitor, amp);
@@ -202,19 +218,19 @@ std::vector<int64_t> default_probes(const Config& c) {
   return c.train.batch >= 2 ? std::vector<int64_t>{c.train.batch / 2, c.train.batch} : std::vector<int64_t>{1, 2};
 }
 
-std::string mode_name(AmpMode amp, CheckpointMode ck) {
-  std::string s = amp == AmpMode::off ? "fp32" : std::string("amp ") + to_string(amp);
-  if (ck != CheckpointMode::off) s += std::string(" + checkpointing ") + to_string(ck);
+std::string mode_name(train::AmpMode amp, models::RecomputeMode r) {
+  std::string s = amp == train::AmpMode::off ? "fp32" : std::string("amp ") + train::to_string(amp);
+  if (r != models::RecomputeMode::off) s += std::string(" + recompute ") + models::to_string(r);
   return s;
 }
 
 // Probes a mode at the two batch sizes and fits the line.
-ModeEstimate probe_mode(Prober& p, AmpMode amp, CheckpointMode ck, const std::vector<int64_t>& batches) {
+ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck, const std::vector<int64_t>& batches) {
   ModeEstimate m;
-  p.trainer().set_activation_checkpointing(ck);
-  if (amp != AmpMode::off) p.trainer().enable_amp();
+  p.trainer().model().set_recompute(ck);
+  if (amp != train::AmpMode::off) p.trainer().enable_amp();
   m.amp = p.trainer().amp();
-  m.checkpointing = ck;
+  m.recompute = ck;
   m.name = mode_name(m.amp, ck);
   std::vector<int64_t> sizes = batches;
   std::vector<Prober::Result> rs;
@@ -287,8 +303,13 @@ int64_t MemoryEstimate::input_buffers(int64_t b) const {
   return input_buffers_on_device ? int64_t(canvas_bytes * double(b) * double(prefetch + accumulate(b))) : 0;
 }
 
+int64_t MemoryEstimate::step_inputs(int64_t b) const {
+  return (accumulate(b) - 1) * b * 3 * imgsz * imgsz * int64_t(sizeof(float));
+}
+
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
-  const double step = m.fixed + m.per_image * double(b) + (accumulate(b) > 1 ? double(fixed.gradients) : 0.0) - savings;
+  const double step = m.fixed + m.per_image * double(b) + (accumulate(b) > 1 ? double(fixed.gradients) : 0.0) +
+                      double(step_inputs(b)) - savings;
   return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
 }
 
@@ -325,12 +346,14 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
   const LimitGuard limit(monitor, budget);
   MemoryEstimate e;
   {
+    using models::RecomputeMode;
+    using train::AmpMode;
     const AmpMode configured_amp = train::resolve_amp(c, monitor.device());
-    const CheckpointMode configured_ck = c.memory.activation_checkpointing;
+    const RecomputeMode configured_ck = models::recompute_mode_from(c.memory.activation_checkpointing);
     // A mode list with AMP last: switching AMP on is one-way on a trainer.
-    std::vector<std::pair<bool, CheckpointMode>> modes;  // (amp, checkpointing)
-    if (o.all_modes()) modes = {{false, CheckpointMode::off}, {true, CheckpointMode::off}, {true, CheckpointMode::all}};
-    const std::pair<bool, CheckpointMode> cfg{configured_amp != AmpMode::off, configured_ck};
+    std::vector<std::pair<bool, RecomputeMode>> modes;  // (amp, recompute)
+    if (o.all_modes()) modes = {{false, RecomputeMode::off}, {true, RecomputeMode::off}, {true, RecomputeMode::all}};
+    const std::pair<bool, RecomputeMode> cfg{configured_amp != AmpMode::off, configured_ck};
     if (std::find(modes.begin(), modes.end(), cfg) == modes.end()) modes.push_back(cfg);
     std::stable_sort(modes.begin(), modes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     const bool amp_as_configured = !o.all_modes();
@@ -359,6 +382,9 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
                    b(double(e.input_buffers_on_device ? e.input_buffers(e.batch)
                                                       : int64_t(e.canvas_bytes * double(e.batch * (e.prefetch + e.accumulate(e.batch)))))),
                    e.input_buffers_on_device ? "" : "  (host memory, not on the device)");
+  if (e.accumulate(e.batch) > 1)
+    s += fmt::format("  {:<40}{:>12}\n", fmt::format("the step's other {} batches, augmented", e.accumulate(e.batch) - 1),
+                     b(double(e.step_inputs(e.batch))));
   for (const auto& m : e.modes) {
     s += fmt::format("\n  {}{}\n", m.name, m.configured ? "  (this config)" : "");
     if (m.fixed < 0) {
@@ -400,6 +426,7 @@ Json memory_estimate_json(const MemoryEstimate& e) {
   j["ema"] = e.fixed.ema;
   j["input_buffers_at_batch"] = e.input_buffers(e.batch);
   j["input_buffers_on_device"] = e.input_buffers_on_device;
+  j["step_inputs_at_batch"] = e.step_inputs(e.batch);
   Json modes = Json::array();
   for (const auto& m : e.modes) {
     Json mj = Json::object();
@@ -440,10 +467,10 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   AutoBatch a;
   const LimitGuard limit(monitor, budget);
   {
-    const AmpMode amp = train::resolve_amp(c, monitor.device());
+    const train::AmpMode amp = train::resolve_amp(c, monitor.device());
     Prober p = make_prober(c, train, monitor, amp, budget);
     const std::vector<int64_t> probes{1, 2};
-    ModeEstimate m = probe_mode(p, AmpMode::off, c.memory.activation_checkpointing, probes);
+    ModeEstimate m = probe_mode(p, train::AmpMode::off, models::recompute_mode_from(c.memory.activation_checkpointing), probes);
     m.configured = true;
     a.estimate = estimate_header(c, p, monitor, budget);
     a.estimate.modes.push_back(m);
@@ -456,7 +483,7 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
       const Prober::Result r = p.step(b);
       // An accumulating step keeps the earlier micro-batches' gradients through the later ones.
       const int64_t held = a.estimate.accumulate(b) > 1 ? a.estimate.fixed.gradients : 0;
-      const int64_t total = r.fits ? std::max(r.step_peak + held, r.update_peak) + input_bytes(b) : -1;
+      const int64_t total = r.fits ? std::max(r.step_peak + held + a.estimate.step_inputs(b), r.update_peak) + input_bytes(b) : -1;
       a.tried.emplace_back(b, total);
       return r.fits && total <= usable;
     };
@@ -482,13 +509,13 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   return a;
 }
 
-CheckpointPlanner::CheckpointPlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate checkpointed)
-    : e_(std::move(estimate)), plain_(std::move(plain)), checkpointed_(std::move(checkpointed)) {}
+RecomputePlanner::RecomputePlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate recomputed)
+    : e_(std::move(estimate)), plain_(std::move(plain)), recomputed_(std::move(recomputed)) {}
 
-const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
+const StagePlan& RecomputePlanner::plan(int64_t size, int64_t micro) {
   const auto key = std::make_pair(size, micro);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  const ModeEstimate scaled = e_.at_size(plain_, size), scaled_ck = e_.at_size(checkpointed_, size);
+  const ModeEstimate scaled = e_.at_size(plain_, size), scaled_ck = e_.at_size(recomputed_, size);
   const size_t n = e_.stages;  // the model's: a probe that did not fit measured none
   std::vector<double> saving(n, 0), cost(n, 0);
   for (size_t i = 0; i < n && i < scaled.stages.size() && i < scaled_ck.stages.size(); ++i) {
@@ -500,13 +527,13 @@ const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
     if (saving[i] > 0) order.push_back(i);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return saving[a] * cost[b] > saving[b] * cost[a]; });
   StagePlan p;
-  p.checkpointed.assign(n, plain_.fixed < 0);  // no probe fitted: checkpoint everything, the governor does the rest
+  p.recomputed.assign(n, plain_.fixed < 0);  // no probe fitted: recompute everything, the governor does the rest
   p.step_seconds = scaled.seconds_per_image * double(micro);
   double saved = 0;
   for (size_t i : order) p.recompute_all_seconds += cost[i];
   for (size_t i : order) {
     if (plain_.fixed < 0 || e_.predicted_peak(scaled, micro, saved) <= e_.usable) break;
-    p.checkpointed[i] = true;
+    p.recomputed[i] = true;
     saved += saving[i];
     p.recompute_seconds += cost[i];
   }
@@ -515,10 +542,10 @@ const StagePlan& CheckpointPlanner::plan(int64_t size, int64_t micro) {
   return cache_.emplace(key, std::move(p)).first->second;
 }
 
-std::string CheckpointPlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
+std::string RecomputePlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
   std::string stages;
-  for (size_t i = 0; i < p.checkpointed.size(); ++i)
-    if (p.checkpointed[i]) stages += (stages.empty() ? "" : ", ") + (i < plain_.stages.size() ? plain_.stages[i].name : "stage " + std::to_string(i));
+  for (size_t i = 0; i < p.recomputed.size(); ++i)
+    if (p.recomputed[i]) stages += (stages.empty() ? "" : ", ") + (i < plain_.stages.size() ? plain_.stages[i].name : "stage " + std::to_string(i));
   const double step = std::max(p.step_seconds, 1e-12);
   return fmt::format("activation checkpointing auto at {} px, micro-batch {}: {}; predicted peak {} of {}{}; recompute +{:.0f}% "
                      "of the step (every stage: +{:.0f}%)",
@@ -527,16 +554,16 @@ std::string CheckpointPlanner::describe(const StagePlan& p, int64_t size, int64_
                      100 * p.recompute_seconds / step, 100 * p.recompute_all_seconds / step);
 }
 
-std::shared_ptr<CheckpointPlanner> make_checkpoint_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
+std::shared_ptr<RecomputePlanner> make_recompute_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
                                                            MemoryMonitor& monitor, int64_t budget) {
   const LimitGuard limit(monitor, budget);
   Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
-  ModeEstimate plain = probe_mode(p, AmpMode::off, CheckpointMode::off, default_probes(c));
-  ModeEstimate checkpointed = probe_mode(p, AmpMode::off, CheckpointMode::stages, default_probes(c));
+  ModeEstimate plain = probe_mode(p, train::AmpMode::off, models::RecomputeMode::off, default_probes(c));
+  ModeEstimate recomputed = probe_mode(p, train::AmpMode::off, models::RecomputeMode::stages, default_probes(c));
   plain.configured = true;
   MemoryEstimate e = estimate_header(c, p, monitor, budget);
-  e.modes = {plain, checkpointed};
-  return std::make_shared<CheckpointPlanner>(std::move(e), std::move(plain), std::move(checkpointed));
+  e.modes = {plain, recomputed};
+  return std::make_shared<RecomputePlanner>(std::move(e), std::move(plain), std::move(recomputed));
 }
 
 }  // namespace headroom::memory

@@ -1,10 +1,13 @@
 #include "headroom/memory/governor.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
+#include "headroom/memory/estimate.h"
 
 namespace headroom::memory {
 
@@ -20,7 +23,13 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 }  // namespace
 
 GovernorOptions governor_options(const Config& c, int64_t budget) {
-  return GovernorOptions().budget(budget).headroom(c.memory.headroom).allow_amp(c.memory.allow_amp).grow_after(c.memory.grow_after);
+  return GovernorOptions()
+      .budget(budget)
+      .headroom(c.memory.headroom)
+      .recover(c.memory.governor)
+      .allow_amp(c.memory.allow_amp)
+      .grow_after(c.memory.grow_after)
+      .imgsz(c.data.imgsz);
 }
 
 StaticMemory static_memory(train::Trainer& t) {
@@ -31,9 +40,7 @@ StaticMemory static_memory(train::Trainer& t) {
     if (p.requires_grad()) trainable.push_back(p);
   s.gradients = bytes_of(trainable);  // fp32 gradients of every trainable parameter during backward
   s.optimizer = bytes_of(t.optimizer().state_tensors());
-  if (t.ema()) {
-    s.ema = bytes_of(t.ema()->model()->parameters()) + bytes_of(t.ema()->model()->buffers());
-  }
+  if (t.ema()) s.ema = bytes_of(t.ema()->model()->parameters()) + bytes_of(t.ema()->model()->buffers());
   return s;
 }
 
@@ -51,111 +58,230 @@ void check_on_device(train::Trainer& t) {
   if (t.ema()) check_tensors_on(t.device(), "EMA", t.ema()->model()->parameters());
 }
 
-GovernorHook::GovernorHook(std::shared_ptr<MemoryMonitor> monitor, GovernorOptions options)
-    : monitor_(std::move(monitor)), o_(options) {}
+Governor::Governor(GovernorOptions options, std::shared_ptr<RecomputePlanner> planner)
+    : o_(options), planner_(std::move(planner)) {}
 
-void GovernorHook::before_train(train::Trainer& t) {
-  check_on_device(t);
-  if (o_.budget() > 0) monitor_->set_limit(o_.budget());
-  const MemoryStats s = monitor_->sample();
-  last_retries_ = s.alloc_retries;
-  retries_at_start_ = s.alloc_retries;
-  ooms_at_start_ = s.ooms;
-  monitor_->reset_peak();
-  spdlog::info("memory: budget {} on {} (aiming under {} with {:.0f}% headroom), {} in use; micro-batch {} of loader batch {}",
-               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), t.device().str(),
-               format_bytes(double(usable_budget(o_.budget(), o_.headroom()))), 100 * o_.headroom(),
-               format_bytes(double(s.allocated)), t.micro_batch(), t.config().train.batch);
+MemoryMonitor& Governor::monitor(train::Trainer& t) const {
+  if (!t.monitor())
+    throw Error("the memory governor needs the run's memory monitor (TrainerParts::monitor), which reads every step's memory");
+  return *t.monitor();
 }
 
-void GovernorHook::before_step(train::Trainer&) { monitor_->reset_peak(); }  // the peak of this step only
+int64_t Governor::micro_batch(const train::Trainer& t) const {
+  const int64_t b = t.options().batch();
+  return micro_ > 0 ? std::min(micro_, b) : b;
+}
 
-void GovernorHook::shrink(train::Trainer& t, const std::string& reason) {
-  const int64_t m = t.micro_batch();
+void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batches) {
+  std::vector<at::Tensor> snapshot;  // BatchNorm statistics as the step found them
+  for (;;) {
+    try {
+      if (snapshot.empty()) {  // inside the try: the copy itself may hit the budget
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> copy;
+        for (const auto& b : t.model().buffers()) copy.push_back(b.clone());
+        snapshot = std::move(copy);
+      }
+      const train::StepInput in = t.prepare_step(batches);
+      const int64_t micro = micro_batch(t);
+      for (size_t b = 0; b < in.batches.size(); ++b) {
+        const int64_t n = in.batches[b].images.size(0), m = std::min(micro, n);
+        apply_plan(t, in.batches[b].images.size(2), m);
+        for (int64_t start = 0; start < n; start += m) t.forward_backward(in, b, start, std::min(m, n - start));
+      }
+      t.update();
+      return;
+    } catch (const c10::Error& e) {
+      const MemoryFailure kind = memory_failure(e);
+      if (kind == MemoryFailure::none) throw;
+      // Undo the attempt: the graph unwound with the exception; gradients and the BatchNorm
+      // statistics the failed forward updated go back to where the step began.
+      t.discard_gradients();
+      {
+        at::NoGradGuard no_grad;
+        const std::vector<at::Tensor> live = t.model().buffers();
+        for (size_t i = 0; i < snapshot.size(); ++i) live[i].copy_(snapshot[i]);  // empty: it failed before changing any
+      }
+      climb(t, e, kind);
+      monitor(t).reset_peak();  // the step's memory is that of the attempt that succeeds
+    }
+  }
+}
+
+void Governor::apply_plan(train::Trainer& t, int64_t size, int64_t micro) {
+  if (!planner_ || recompute_all_) return;
+  const StagePlan& p = planner_->plan(size, micro);
+  if (plans_logged_.insert({size, micro}).second) spdlog::info("{}", planner_->describe(p, size, micro));
+  if (p.recomputed == plan_) return;
+  t.model().set_recomputed_stages(p.recomputed);
+  plan_ = p.recomputed;
+}
+
+void Governor::record(train::Trainer& t, std::string action, std::string reason) {
+  spdlog::warn("memory governor, step {}: {} ({})", t.state().step + 1, action, reason);
+  decisions_.push_back(MemoryDecision{t.state().step + 1, std::move(action), std::move(reason)});
+}
+
+void Governor::before_train(train::Trainer& t) {
+  MemoryMonitor& m = monitor(t);
+  t.set_executor(this);
+  check_on_device(t);
+  if (o_.budget() > 0) m.set_limit(o_.budget());
+  if (recompute_all_) t.model().set_recompute(models::RecomputeMode::all);
+  const MemoryStats s = m.sample();
+  last_retries_ = retries_at_start_ = s.alloc_retries;
+  ooms_at_start_ = s.ooms;
+  if (!decisions_.empty())
+    spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, recompute {}, amp {}", decisions_.size(),
+                 micro_batch(t), recompute_all_ ? "all" : "as configured", to_string(t.amp()));
+  spdlog::info("memory: budget {} on {} (aiming under {} with {:.0f}% headroom), {} in use; micro-batch {} of loader batch {}{}",
+               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), t.device().str(),
+               format_bytes(double(usable_budget(o_.budget(), o_.headroom()))), 100 * o_.headroom(),
+               format_bytes(double(s.allocated)), micro_batch(t), t.options().batch(),
+               o_.recover() ? "" : "; memory.governor off: an out-of-memory error stops the run");
+}
+
+void Governor::shrink(train::Trainer& t, const std::string& reason) {
+  const int64_t m = micro_batch(t);
   if (m > 1) {
     const int64_t next = std::max<int64_t>(1, m / 2);
-    t.set_micro_batch(next);
-    t.record_memory_decision("micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason);
+    micro_ = next;
+    record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason);
   }
-  monitor_->release_cache();
+  monitor(t).release_cache();
   calm_steps_ = 0;
 }
 
-void GovernorHook::after_step(train::Trainer& t) {
-  const MemoryStats s = monitor_->sample();
+void Governor::after_step(train::Trainer& t) {
+  const std::optional<MemoryStats>& sampled = t.step_memory();
+  if (!sampled) return;
+  const MemoryStats& s = *sampled;
   epoch_peak_ = std::max(epoch_peak_, s.peak_allocated);
   epoch_peak_reserved_ = std::max(epoch_peak_reserved_, s.peak_reserved);
+  peak_so_far_ = std::max(peak_so_far_, s.peak_allocated);
   const int64_t usable = usable_budget(o_.budget(), o_.headroom());
   const bool new_retries = s.alloc_retries > last_retries_;
   retry_run_ = new_retries ? retry_run_ + 1 : 0;
   last_retries_ = s.alloc_retries;
-  if (o_.budget() > 0 && s.peak_allocated > usable && t.micro_batch() > 1) {
+  if (!o_.recover()) return;
+  const int64_t m = micro_batch(t);
+  if (o_.budget() > 0 && s.peak_allocated > usable && m > 1) {
     shrink(t, "step peak " + format_bytes(double(s.peak_allocated)) + " crossed budget - headroom " + format_bytes(double(usable)));
-  } else if (retry_run_ >= o_.retry_steps() && t.micro_batch() > 1) {
+  } else if (retry_run_ >= o_.retry_steps() && m > 1) {
     shrink(t, "the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
-  } else if (o_.grow_after() > 0 && t.micro_batch() < t.config().train.batch && ++calm_steps_ >= o_.grow_after() &&
-             s.peak_allocated * 2 < usable) {
-    const int64_t m = t.micro_batch(), next = std::min<int64_t>(m * 2, t.config().train.batch);
-    t.set_micro_batch(next);
-    t.record_memory_decision("micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
-                             std::to_string(calm_steps_) + " steps with peak " + format_bytes(double(s.peak_allocated)) +
-                                 " below half of budget - headroom");
+  } else if (o_.grow_after() > 0 && m < t.options().batch() && ++calm_steps_ >= o_.grow_after() && s.peak_allocated * 2 < usable) {
+    const int64_t next = std::min<int64_t>(m * 2, t.options().batch());
+    micro_ = next;
+    record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
+           std::to_string(calm_steps_) + " steps with peak " + format_bytes(double(s.peak_allocated)) +
+               " below half of budget - headroom");
     calm_steps_ = 0;
   }
-  monitor_->reset_peak();
 }
 
-void GovernorHook::after_epoch(train::Trainer& t) {
-  const MemoryStats s = monitor_->sample();
+void Governor::after_epoch(train::Trainer& t) {
+  const MemoryStats s = monitor(t).sample();
   spdlog::info("memory, epoch {}: peak {} allocated, {} reserved, of budget {}; fragmentation now {:.0f}%; since the start {} "
                "allocator retries, {} OOMs; micro-batch {}",
                t.state().epoch + 1, format_bytes(double(epoch_peak_)), format_bytes(double(epoch_peak_reserved_)),
-               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
-               100 * s.fragmentation(), s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, t.micro_batch());
+               o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), 100 * s.fragmentation(),
+               s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, micro_batch(t));
   epoch_peak_ = epoch_peak_reserved_ = 0;
 }
 
-bool GovernorHook::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {
-  monitor_->release_cache();
-  epoch_peak_ = std::max(epoch_peak_, monitor_->sample().peak_allocated);
-  monitor_->reset_peak();  // the pre-emptive check after the step judges the attempt that succeeds
-  const std::string cause = "out of memory: " + first_line(e.what_without_backtrace());
+bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {
+  monitor(t).release_cache();
   if (site == train::OomSite::validation) {
     const int64_t b = t.state().val_batch;
-    if (b <= 1) return false;
+    if (!o_.recover() || b <= 1) return false;
     t.state().val_batch = b / 2;
-    t.record_memory_decision("validation batch " + std::to_string(b) + " -> " + std::to_string(b / 2), cause);
+    record(t, "validation batch " + std::to_string(b) + " -> " + std::to_string(b / 2), "out of memory: " + first_line(e.what_without_backtrace()));
     return true;
   }
-  const int64_t m = t.micro_batch();
+  climb(t, e, memory_failure(e));  // the loader: less memory for the step leaves more for its buffers
+  return true;
+}
+
+void Governor::climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind) {
+  monitor(t).release_cache();
+  const std::string what = first_line(e.what_without_backtrace());
+  const int64_t m = micro_batch(t);
+  if (kind == MemoryFailure::library) {
+    // Often an allocation failure in disguise: one smaller try each time; at micro-batch 1 it is
+    // not memory, and the run stops naming it.
+    if (o_.recover() && m > 1) {
+      shrink(t, "cuDNN failure, treated as out of memory: " + what);
+      return;
+    }
+    throw Error(std::string("a cuDNN error ") + (o_.recover() ? "persists at micro-batch 1 after shrinking" : "stopped the step "
+                "(memory.governor is off)") + ": " + what + ". It is not an out-of-memory error the governor can work around: "
+                "check the CUDA / cuDNN installation, or set train.amp=off. The last checkpoint is intact.");
+  }
+  if (!o_.recover()) give_up(t, e, "memory.governor is off");
+  const std::string cause = "out of memory: " + what;
   if (m > 1) {
     shrink(t, cause);
-    return true;
+    return;
   }
-  if (t.model().activation_checkpointing() != CheckpointMode::all) {
-    t.set_activation_checkpointing(CheckpointMode::all);
-    t.record_memory_decision("activation_checkpointing all", cause + " at micro-batch 1");
-    return true;
+  if (!recompute_all_ && t.model().recompute_mode() != models::RecomputeMode::all) {
+    recompute_all_ = true;
+    plan_.clear();
+    t.model().set_recompute(models::RecomputeMode::all);
+    record(t, "activation_checkpointing all", cause + " at micro-batch 1");
+    return;
   }
   if (o_.allow_amp() && t.enable_amp()) {
-    t.record_memory_decision(std::string("amp ") + to_string(t.amp()), cause + " at micro-batch 1 with every stage checkpointed");
-    return true;
+    record(t, std::string("amp ") + to_string(t.amp()), cause + " at micro-batch 1 with every stage recomputed");
+    return;
   }
+  give_up(t, e, "nothing left to give up: micro-batch 1, every stage recomputed, amp " + std::string(to_string(t.amp())));
+}
+
+void Governor::give_up(train::Trainer& t, const c10::Error& e, const std::string& why) {
   const StaticMemory st = static_memory(t);
-  const int64_t imgsz = t.config().data.imgsz;
+  const int64_t imgsz = o_.imgsz();
   const int64_t smaller = std::max<int64_t>(32, (imgsz * 3 / 4) / 32 * 32);
   throw Error(fmt::format(
-      "out of memory with nothing left to give up: micro-batch 1, every stage checkpointed, amp {}.\n"
+      "out of memory in step {} with micro-batch {} ({}).\n"
       "  budget                {:>10}\n  parameters            {:>10}\n  gradients             {:>10}\n"
       "  optimizer state       {:>10}\n  EMA                   {:>10}\n  step peak so far      {:>10}\n"
-      "One image of {} px does not fit: train at data.imgsz={} (activations shrink with the square of the size), "
-      "use a lighter backbone (model.file, e.g. a smaller scale), raise memory.budget{}, or run `trainer memory --config ...` "
-      "for the full table. The last checkpoint is intact. ({})",
-      to_string(t.amp()), o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
+      "Train at data.imgsz={} (activations shrink with the square of the size), use a lighter backbone (model.file, e.g. a "
+      "smaller scale), raise memory.budget{}, or run `trainer memory --config ...` for the full table. The last checkpoint "
+      "is intact. ({})",
+      t.state().step + 1, micro_batch(t), why, o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
       format_bytes(double(st.parameters)), format_bytes(double(st.gradients)), format_bytes(double(st.optimizer)),
-      format_bytes(double(st.ema)), format_bytes(double(std::max(epoch_peak_, monitor_->sample().peak_allocated))), imgsz,
-      smaller, o_.allow_amp() ? "" : ", or allow memory.allow_amp", first_line(e.what_without_backtrace())));
+      format_bytes(double(st.ema)), format_bytes(double(std::max(peak_so_far_, monitor(t).sample().peak_allocated))), smaller,
+      o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on",
+      first_line(e.what_without_backtrace())));
+}
+
+Json Governor::save_state() const {
+  Json j = Json::object();
+  j["micro_batch"] = micro_;
+  j["recompute_all"] = recompute_all_;
+  j["calm_steps"] = calm_steps_;
+  j["retry_run"] = retry_run_;
+  Json list = Json::array();
+  for (const auto& d : decisions_) {
+    Json e = Json::object();
+    e["step"] = d.step;
+    e["action"] = d.action;
+    e["reason"] = d.reason;
+    list.push_back(std::move(e));
+  }
+  j["decisions"] = std::move(list);
+  return j;
+}
+
+void Governor::load_state(const Json& j) {
+  micro_ = int64_t(j.find("micro_batch")->as_number());
+  recompute_all_ = j.find("recompute_all")->as_bool();
+  calm_steps_ = int64_t(j.find("calm_steps")->as_number());
+  retry_run_ = int64_t(j.find("retry_run")->as_number());
+  decisions_.clear();
+  for (const Json& d : j.find("decisions")->items())
+    decisions_.push_back(MemoryDecision{int64_t(d.find("step")->as_number()), d.find("action")->as_string(), d.find("reason")->as_string()});
 }
 
 }  // namespace headroom::memory

@@ -96,13 +96,4 @@ void apply_allocator_settings(const MemoryConfig& m, c10::Device device) {
   spdlog::warn("memory: {} are CUDA allocator settings; they do nothing on {}", settings, device.str());
 }
 
-bool is_out_of_memory(const c10::Error& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
-  const std::string what = e.what_without_backtrace();
-  for (const char* s : {"CUDA out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-                        "CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input"})
-    if (what.find(s) != std::string::npos) return true;
-  return false;
-}
-
 }  // namespace headroom::memory

@@ -8,7 +8,11 @@
 namespace headroom::memory {
 
 StarvationOptions starvation_options(const Config& c) {
-  return StarvationOptions().auto_workers(c.data.workers.is_auto).max_workers(std::max(1, available_cores()));
+  return StarvationOptions()
+      .auto_workers(c.data.workers.is_auto)
+      .max_workers(std::max(1, available_cores()))
+      .cached(c.data.cache != "none")
+      .prefetch(c.data.prefetch);
 }
 
 void StarvationHook::reset(train::Trainer& t) {
@@ -30,20 +34,20 @@ void StarvationHook::after_step(train::Trainer& t) {
   cur_.max_wait = std::max(cur_.max_wait, wait);
 }
 
-std::string StarvationHook::diagnose(const EpochDataTime& e, const Config& c) const {
+std::string StarvationHook::diagnose(const EpochDataTime& e) const {
   if (e.share() <= o_.threshold()) return "";
   const std::string head = fmt::format("the step waited for data {:.0f}% of the time", 100 * e.share());
   if (e.workers == 0) return head + ": images decode on the training thread (data.workers: 0); set data.workers (or auto)";
   if (e.decode_busy > 0.85) {
     std::string fix = fmt::format(": the {} decode threads are busy {:.0f}% of the time", e.workers, 100 * e.decode_busy);
-    if (c.data.cache == CacheMode::none) fix += "; data.cache: ram (or disk) decodes each image once instead of every epoch";
+    if (!o_.cached()) fix += "; data.cache: ram (or disk) decodes each image once instead of every epoch";
     if (e.workers < available_cores()) fix += fmt::format("; raise data.workers (this machine has {} cores)", available_cores());
     return head + fix;
   }
   return head + fmt::format(": the decode threads are idle {:.0f}% of the time, so decoding is not the limit; raise "
                             "data.prefetch ({} now) to smooth bursts, and check that host-to-device copies overlap "
                             "(CUDA runs pin their batches)",
-                            100 * (1 - e.decode_busy), c.data.prefetch);
+                            100 * (1 - e.decode_busy), o_.prefetch());
 }
 
 void StarvationHook::after_epoch(train::Trainer& t) {
@@ -52,7 +56,7 @@ void StarvationHook::after_epoch(train::Trainer& t) {
   cur_.decode = t.loader().stats().decode_seconds - decode_at_start_;
   cur_.decode_busy = cur_.workers > 0 ? cur_.decode / std::max(epoch_s * cur_.workers, 1e-9) : 1.0;
   last_ = cur_;
-  const std::string problem = diagnose(cur_, t.config());
+  const std::string problem = diagnose(cur_);
   spdlog::info("data, epoch {}: waited {:.2f} s of {:.2f} s in steps ({:.1f}%, longest {:.3f} s); {} decode threads busy {:.0f}%",
                t.state().epoch + 1, cur_.wait, cur_.steps, 100 * cur_.share(), cur_.max_wait, cur_.workers,
                100 * std::min(cur_.decode_busy, 1.0));

@@ -48,6 +48,16 @@ std::string node_text(const YAML::Node& n) {
   return e.c_str();
 }
 
+// A positive number of the model file (a scale entry, a multiple, nc): InputError naming its
+// file:line otherwise.
+double positive_number(const std::string& file, const YAML::Node& n, const std::string& what, bool integer) {
+  const auto v = n.IsScalar() ? parse_double(n.Scalar()) : std::nullopt;
+  if (!v || !(*v > 0) || (integer && *v != std::floor(*v)))
+    throw InputError(yaml_location(file, n.Mark()) + ": " + what + " must be a positive " + (integer ? "integer" : "number") +
+                     ", got " + (n.IsScalar() ? "'" + n.Scalar() + "'" : node_text(n)));
+  return *v;
+}
+
 // Python's round(): half to even, as Ultralytics' depth scaling uses.
 int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 
@@ -69,8 +79,11 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
   double depth = 1.0, width = 1.0;
   int64_t max_channels = INT64_MAX;
   if (const YAML::Node scales = root["scales"]) {
+    if (!scales.IsMap() || scales.size() == 0)
+      throw InputError(yaml_location(file, scales.Mark()) + ": scales must map names to [depth, width, max_channels], e.g. "
+                       "n: [0.33, 0.25, 1024]");
     scale_ = wanted_scale;
-    if (scale_.empty() && root["scale"]) scale_ = root["scale"].as<std::string>();
+    if (scale_.empty() && root["scale"] && root["scale"].IsScalar()) scale_ = root["scale"].Scalar();
     if (scale_.empty()) {
       scale_ = scales.begin()->first.as<std::string>();
       spdlog::warn("{}: no scale given; using '{}' (pass --scale or name the file like yolov8{}.yaml)", file, scale_, scale_);
@@ -82,20 +95,24 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
       throw InputError(file + ": no scale '" + scale_ + "'; this file has " + known);
     }
     if (!s.IsSequence() || s.size() != 3)
-      throw InputError(yaml_location(file, s.Mark()) + ": a scale is [depth, width, max_channels]");
-    depth = s[0].as<double>(), width = s[1].as<double>(), max_channels = s[2].as<int64_t>();
+      throw InputError(yaml_location(file, s.Mark()) + ": scale '" + scale_ + "' must be [depth, width, max_channels], got " +
+                       node_text(s));
+    const std::string what = "scale '" + scale_ + "': ";
+    depth = positive_number(file, s[0], what + "depth", false);
+    width = positive_number(file, s[1], what + "width", false);
+    max_channels = int64_t(positive_number(file, s[2], what + "max_channels", true));
   } else {
     if (!wanted_scale.empty()) throw InputError(file + ": has no scales table, so scale '" + wanted_scale + "' cannot be chosen");
-    if (root["depth_multiple"]) depth = root["depth_multiple"].as<double>();
-    if (root["width_multiple"]) width = root["width_multiple"].as<double>();
+    if (root["depth_multiple"]) depth = positive_number(file, root["depth_multiple"], "depth_multiple", false);
+    if (root["width_multiple"]) width = positive_number(file, root["width_multiple"], "width_multiple", false);
   }
   int64_t nc = spec.nc;
   if (nc < 0) {
     if (!root["nc"]) throw InputError(file + ": nc is missing (or give the class count)");
-    nc = root["nc"].as<int64_t>();
+    nc = int64_t(positive_number(file, root["nc"], "nc", true));
   }
   if (nc < 1) throw InputError(file + ": nc must be at least 1");
-  const int64_t channels = root["ch"] ? root["ch"].as<int64_t>() : spec.channels;
+  const int64_t channels = root["ch"] ? int64_t(positive_number(file, root["ch"], "ch", true)) : spec.channels;
 
   std::vector<YAML::Node> rows;
   for (const char* section : {"backbone", "head"}) {
@@ -226,7 +243,7 @@ HeadOutputs DetectorImpl::forward(const at::Tensor& images) {
     run_rows(0, int(rows_.size()) - 1, values, x);
   } else {
     for (const Segment& seg : segments_) {
-      if (!seg.checkpointed) {
+      if (!seg.recomputed) {
         run_rows(seg.begin, seg.end, values, x);
         continue;
       }
@@ -252,7 +269,7 @@ HeadOutputs DetectorImpl::forward(const at::Tensor& images) {
         for (int j : s.outputs) out.insert(out.end(), local[size_t(j)].begin(), local[size_t(j)].end());
         return out;
       };
-      const std::vector<at::Tensor> out = checkpoint(fn, flat, modules);
+      const std::vector<at::Tensor> out = recompute(fn, flat, modules);
       size_t k = 0;
       for (int j : seg.outputs) {
         const size_t count = rows_output_count(j);
@@ -268,21 +285,21 @@ HeadOutputs DetectorImpl::forward(const at::Tensor& images) {
 
 size_t DetectorImpl::rows_output_count(int j) const { return output_counts_.at(size_t(j)); }
 
-void DetectorImpl::set_activation_checkpointing(CheckpointMode mode) {
-  checkpointing_ = mode;
+void DetectorImpl::set_recompute(RecomputeMode mode) {
+  recompute_ = mode;
   segments_.clear();
   for (auto& r : rows_)
-    if (r.layer->has_internal_checkpointing()) r.layer->set_checkpointing(mode);
-  head_->set_checkpointing(mode);
-  if (mode == CheckpointMode::off || mode == CheckpointMode::auto_) return;  // auto: the planner decides per size
+    if (r.layer->has_internal_recompute()) r.layer->set_recompute(mode);
+  head_->set_recompute(mode);
+  if (mode == RecomputeMode::off) return;
   auto has_params = [&](int i) { return !rows_[size_t(i)].layer->parameters().empty(); };
-  auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_checkpointing(); };
+  auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_recompute(); };
   for (const auto& [b, e] : segment_ranges(mode)) {
     Segment s;
     s.begin = b, s.end = e;
     bool params = false;
     for (int i = b; i <= e; ++i) params = params || has_params(i);
-    s.checkpointed = params && !(b == e && internal(b));
+    s.recomputed = params && !(b == e && internal(b));
     for (int i = b; i <= e; ++i) {
       for (int j : rows_[size_t(i)].from)
         if ((j < b) && std::find(s.inputs.begin(), s.inputs.end(), j) == s.inputs.end()) s.inputs.push_back(j);
@@ -292,31 +309,31 @@ void DetectorImpl::set_activation_checkpointing(CheckpointMode mode) {
   }
 }
 
-void DetectorImpl::set_checkpointed_stages(const std::vector<bool>& on) {
+void DetectorImpl::set_recomputed_stages(const std::vector<bool>& on) {
   if (std::none_of(on.begin(), on.end(), [](bool b) { return b; })) {
-    set_activation_checkpointing(CheckpointMode::off);
+    set_recompute(RecomputeMode::off);
     return;
   }
-  set_activation_checkpointing(CheckpointMode::stages);
-  TORCH_CHECK(on.size() == segments_.size(), "checkpoint plan for ", on.size(), " stages; the model has ", segments_.size());
+  set_recompute(RecomputeMode::stages);
+  TORCH_CHECK(on.size() == segments_.size(), "recompute plan for ", on.size(), " stages; the model has ", segments_.size());
   for (size_t i = 0; i < on.size(); ++i) {
     Segment& s = segments_[i];
-    s.checkpointed = s.checkpointed && on[i];
-    if (!on[i] && s.begin == s.end && rows_[size_t(s.begin)].layer->has_internal_checkpointing())
-      rows_[size_t(s.begin)].layer->set_checkpointing(CheckpointMode::off);
+    s.recomputed = s.recomputed && on[i];
+    if (!on[i] && s.begin == s.end && rows_[size_t(s.begin)].layer->has_internal_recompute())
+      rows_[size_t(s.begin)].layer->set_recompute(RecomputeMode::off);
   }
 }
 
-std::vector<std::pair<int, int>> DetectorImpl::segment_ranges(CheckpointMode mode) const {
-  auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_checkpointing(); };
+std::vector<std::pair<int, int>> DetectorImpl::segment_ranges(RecomputeMode mode) const {
+  auto internal = [&](int i) { return rows_[size_t(i)].layer->has_internal_recompute(); };
   // Segment boundaries: every row for `all`; for `stages`, where the stride changes (a
-  // downsampling conv, an upsample), and around layers that checkpoint themselves.
+  // downsampling conv, an upsample), and around layers that recompute inside themselves.
   std::vector<std::pair<int, int>> ranges;
   const int n = int(rows_.size());
   for (int i = 0; i < n; ++i) {
     const int first_input = rows_[size_t(i)].from[0];
     const int64_t in_stride = first_input < 0 ? 1 : row_strides_[size_t(first_input)];
-    const bool cut = i == 0 || mode == CheckpointMode::all || internal(i) || internal(i - 1) || row_strides_[size_t(i)] != in_stride;
+    const bool cut = i == 0 || mode == RecomputeMode::all || internal(i) || internal(i - 1) || row_strides_[size_t(i)] != in_stride;
     if (cut)
       ranges.emplace_back(i, i);
     else
@@ -327,7 +344,7 @@ std::vector<std::pair<int, int>> DetectorImpl::segment_ranges(CheckpointMode mod
 
 std::vector<StageSpan> DetectorImpl::stages() const {
   std::vector<StageSpan> out;
-  for (const auto& [b, e] : segment_ranges(CheckpointMode::stages)) {
+  for (const auto& [b, e] : segment_ranges(RecomputeMode::stages)) {
     StageSpan s{b, e, row_strides_[size_t(e)], ""};
     s.name = (b == e ? "row " + std::to_string(b) : "rows " + std::to_string(b) + "-" + std::to_string(e)) + " " +
              summary_[size_t(b)].module + (b == e ? "" : "..") + " (stride " + std::to_string(s.stride) + ")";
@@ -387,7 +404,7 @@ Detector build_detector(const Config& c, int64_t nc) {
   } catch (const InputError& e) {
     throw InputError(std::string(e.what()) + " (model.file from " + c.where("model.file") + ")");
   }
-  d->set_activation_checkpointing(c.memory.activation_checkpointing);
+  d->set_recompute(recompute_mode_from(c.memory.activation_checkpointing));  // auto: the planner sets stages later
   d->set_channels_last(c.model.channels_last);
   return d;
 }

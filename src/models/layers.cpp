@@ -238,12 +238,12 @@ class CenterNetHeadImpl : public HeadImpl {
       for (size_t i = 0; i < x.size(); ++i) {
         torch::nn::Sequential head(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(list[i]));
         // at::alias: one reader of x per head, as in HourglassLevelImpl::forward.
-        out[name].push_back(checkpointed_ ? checkpoint_module(head, at::alias(x[i])) : head->forward(at::alias(x[i])));
+        out[name].push_back(recomputed_ ? recompute_module(head, at::alias(x[i])) : head->forward(at::alias(x[i])));
       }
     return out;
   }
 
-  void set_checkpointing(CheckpointMode mode) override { checkpointed_ = mode == CheckpointMode::all; }
+  void set_recompute(RecomputeMode mode) override { recomputed_ = mode == RecomputeMode::all; }
 
   void init_biases(const std::vector<int64_t>&) override {
     at::NoGradGuard no_grad;
@@ -260,7 +260,7 @@ class CenterNetHeadImpl : public HeadImpl {
  private:
   int64_t nc_;
   std::vector<std::pair<std::string, torch::nn::ModuleList>> heads_;
-  bool checkpointed_ = false;
+  bool recomputed_ = false;
 };
 
 }  // namespace
@@ -291,8 +291,8 @@ torch::nn::Sequential residuals_revr(int64_t c1, int64_t c2, int64_t n) {
   return s;
 }
 
-at::Tensor run_blocks(torch::nn::Sequential s, const at::Tensor& x, bool checkpointed) {
-  return checkpointed ? checkpoint_module(s, x) : s->forward(x);
+at::Tensor run_blocks(torch::nn::Sequential s, const at::Tensor& x, bool recomputed) {
+  return recomputed ? recompute_module(s, x) : s->forward(x);
 }
 
 at::Tensor upsample2(const at::Tensor& x) {
@@ -314,10 +314,10 @@ HourglassLevelImpl::HourglassLevelImpl(const std::vector<int64_t>& dims, const s
 }
 
 // Each block sequence reads its input through its own alias: the gradient of x is then the sum
-// of exactly two terms in every checkpointing mode, so checkpointing changes no bit of it
-// (with a checkpoint boundary between several readers, floating-point sums would group differently).
+// of exactly two terms in every recompute mode, so recomputing changes no bit of it
+// (with a segment boundary between several readers, floating-point sums would group differently).
 at::Tensor HourglassLevelImpl::forward(const at::Tensor& x) {
-  const bool c = checkpoint_blocks;
+  const bool c = recompute_blocks;
   const at::Tensor up = run_blocks(up1, at::alias(x), c);
   const at::Tensor l1 = run_blocks(low1, at::alias(x), c);
   const at::Tensor l2 = low2 ? low2->forward(l1) : run_blocks(low2_blocks, l1, c);
@@ -336,10 +336,10 @@ HourglassImpl::HourglassImpl(int64_t stacks, const std::vector<int64_t>& dims, c
   }
 }
 
-void HourglassImpl::set_checkpointing(CheckpointMode m) {
+void HourglassImpl::set_recompute(RecomputeMode m) {
   mode = m;
   std::function<void(HourglassLevelImpl&)> mark = [&](HourglassLevelImpl& level) {
-    level.checkpoint_blocks = m == CheckpointMode::all;
+    level.recompute_blocks = m == RecomputeMode::all;
     if (level.low2) mark(*level.low2);
   };
   for (auto& kp : kps) mark(*kp);
@@ -350,21 +350,21 @@ std::vector<at::Tensor> HourglassImpl::forward(const std::vector<at::Tensor>& in
   std::vector<at::Tensor> outs;
   for (size_t s = 0; s < kps.size(); ++s) {
     at::Tensor cnv;
-    if (mode == CheckpointMode::stages) {  // one segment per stack: keep only its input
+    if (mode == RecomputeMode::stages) {  // one segment per stack: keep only its input
       auto kp = kps[s];
       auto cv = cnvs[s];
-      cnv = checkpoint([kp, cv](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{cv->forward(kp->forward(in[0]))}; },
+      cnv = recompute([kp, cv](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{cv->forward(kp->forward(in[0]))}; },
                        {at::alias(inter)}, {kp.get(), cv.ptr().get()})[0];
     } else {
       const at::Tensor kp = kps[s]->forward(at::alias(inter));  // the alias: see HourglassLevelImpl::forward
-      cnv = mode == CheckpointMode::all ? checkpoint_module(cnvs[s], kp) : cnvs[s]->forward(kp);
+      cnv = mode == RecomputeMode::all ? recompute_module(cnvs[s], kp) : cnvs[s]->forward(kp);
     }
     outs.push_back(cnv);
     if (s + 1 >= kps.size()) continue;
-    if (mode == CheckpointMode::all) {  // the join between stacks is a block too
+    if (mode == RecomputeMode::all) {  // the join between stacks is a block too
       auto a = inters_[s], b = cnvs_[s];
       auto r = inters[s];
-      inter = checkpoint([a, b, r](const std::vector<at::Tensor>& in) mutable {
+      inter = recompute([a, b, r](const std::vector<at::Tensor>& in) mutable {
                 return std::vector<at::Tensor>{r->forward(at::relu(a->forward(in[0]) + b->forward(in[1])))};
               }, {inter, cnv}, {a.ptr().get(), b.ptr().get(), r.ptr().get()})[0];
     } else {

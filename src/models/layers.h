@@ -68,7 +68,7 @@ class HourglassLevelImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   torch::nn::Sequential up1, low1, low3, low2_blocks;  // low2_blocks: innermost level only
   std::shared_ptr<HourglassLevelImpl> low2;             // deeper levels
-  bool checkpoint_blocks = false;
+  bool recompute_blocks = false;
 };
 
 // Stacked hourglasses; returns the output features of every stack.
@@ -76,14 +76,14 @@ class HourglassImpl : public LayerImpl {
  public:
   HourglassImpl(int64_t stacks, const std::vector<int64_t>& dims, const std::vector<int64_t>& blocks, int64_t out);
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) override;
-  void set_checkpointing(CheckpointMode mode) override;
-  bool has_internal_checkpointing() const override { return true; }
+  void set_recompute(RecomputeMode mode) override;
+  bool has_internal_recompute() const override { return true; }
 
   std::vector<std::shared_ptr<HourglassLevelImpl>> kps;
   std::vector<HgConv> cnvs;
   std::vector<Residual> inters;
   std::vector<ConvBn> inters_, cnvs_;
-  CheckpointMode mode = CheckpointMode::off;
+  RecomputeMode mode = RecomputeMode::off;
 };
 
 }  // namespace headroom::models

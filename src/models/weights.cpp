@@ -1,12 +1,15 @@
 #include "headroom/models/weights.h"
 
+#include <fcntl.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <sstream>
+#include <vector>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
@@ -43,58 +46,161 @@ void save_weights(DetectorImpl& model, const WeightsInfo& info, const std::strin
 
 namespace {
 
-// Trailer after the zip archive: magic, archive length, hash of the archive. LibTorch's reader
-// does not check the zip CRCs, so without it a flipped bit would load silently.
-constexpr char kTrailerMagic[8] = {'H', 'R', 'S', 'U', 'M', '0', '0', '1'};
-constexpr size_t kTrailerSize = 24;
+// Trailer after the zip archive (LibTorch's reader does not check the zip CRCs, so without it a
+// flipped bit would load silently):
+//   format 2: [archive][meta JSON] "HRSUM002" archive_bytes meta_bytes hash(archive + meta)
+//   format 1: [archive]            "HRSUM001" archive_bytes hash(archive)   (read only)
+constexpr char kMagic2[8] = {'H', 'R', 'S', 'U', 'M', '0', '0', '2'};
+constexpr char kMagic1[8] = {'H', 'R', 'S', 'U', 'M', '0', '0', '1'};
+constexpr size_t kTrailer2 = 32, kTrailer1 = 24;
+constexpr uint64_t kHashSeed = 0x9E3779B97F4A7C15ull;
 
-uint64_t archive_hash(const char* data, size_t n) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, data + i, 8);
-    h = (h ^ (w * 0xBF58476D1CE4E5B9ull)) * 0x94D049BB133111EBull;
-    h ^= h >> 31;
+// A 64-bit hash fed in pieces: 8-byte words mixed in order, the bytes after the last word one
+// by one at the end (the same value as hashing the whole buffer at once).
+class StreamHash {
+ public:
+  explicit StreamHash(uint64_t seed) : h_(seed) {}
+  void update(const char* p, size_t n) {
+    total_ += n;
+    while (n > 0 && carry_n_ > 0 && carry_n_ < 8) carry_[carry_n_++] = *p++, --n;
+    if (carry_n_ == 8) {
+      mix(carry_);
+      carry_n_ = 0;
+    }
+    for (; n >= 8; p += 8, n -= 8) mix(p);
+    while (n > 0) carry_[carry_n_++] = *p++, --n;
   }
-  for (; i < n; ++i) h = (h ^ uint8_t(data[i])) * 0x100000001B3ull;
-  return h;
-}
+  uint64_t finish_v1() const {
+    uint64_t h = h_;
+    for (size_t i = 0; i < carry_n_; ++i) h = (h ^ uint8_t(carry_[i])) * 0x100000001B3ull;
+    return h;
+  }
+  uint64_t finish() const {
+    uint64_t h = (finish_v1() ^ total_) * 0x94D049BB133111EBull;
+    return h ^ (h >> 31);
+  }
+
+ private:
+  void mix(const char* p) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h_ = (h_ ^ (w * 0xBF58476D1CE4E5B9ull)) * 0x94D049BB133111EBull;
+    h_ ^= h_ >> 31;
+  }
+  uint64_t h_, total_ = 0;
+  char carry_[8] = {};
+  size_t carry_n_ = 0;
+};
+
+class ReadFd {
+ public:
+  explicit ReadFd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY)) {}
+  ~ReadFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ReadFd(const ReadFd&) = delete;
+  ReadFd& operator=(const ReadFd&) = delete;
+  int get() const { return fd_; }
+  // Reads exactly n bytes at pos; false at the end of the file or on an error.
+  bool read_at(uint64_t pos, void* buf, size_t n) const {
+    char* out = static_cast<char*>(buf);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, out, n, off_t(pos));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      out += r, pos += uint64_t(r), n -= size_t(r);
+    }
+    return true;
+  }
+
+ private:
+  int fd_;
+};
 
 }  // namespace
 
-void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::string& path) {
-  std::ostringstream out;
+void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::string& path, const std::string& meta) {
+  AtomicFile file(path);  // removed again if anything below throws
+  StreamHash hash(kHashSeed);
+  uint64_t n = 0;
+  // A write that fails (a full disk) must not throw through LibTorch's zip writer, whose
+  // destructor would call back into this function while unwinding: the first error is kept,
+  // later bytes are dropped, and it is thrown once the writer is done.
+  std::exception_ptr failed;
   try {
-    archive.save_to(out);
-  } catch (const std::exception& e) {
-    throw Error(path + ": writing failed (the previous file, if any, is untouched): " + e.what());
+    archive.save_to([&](const void* data, size_t size) -> size_t {
+      if (failed) return size;
+      try {
+        file.write(data, size);
+      } catch (...) {
+        failed = std::current_exception();
+        return size;
+      }
+      hash.update(static_cast<const char*>(data), size);
+      n += size;
+      return size;
+    });
+  } catch (const c10::Error& e) {
+    throw Error(path + ": writing failed (the previous file, if any, is untouched): " + e.what_without_backtrace());
   }
-  std::string bytes = std::move(out).str();
-  const uint64_t n = bytes.size(), h = archive_hash(bytes.data(), bytes.size());
-  bytes.append(kTrailerMagic, 8);
-  bytes.append(reinterpret_cast<const char*>(&n), 8);
-  bytes.append(reinterpret_cast<const char*>(&h), 8);
-  write_file_atomic(path, bytes);  // temporary file, fsync, rename, fsync of the folder
+  if (failed) std::rethrow_exception(failed);
+  file.write(meta.data(), meta.size());
+  hash.update(meta.data(), meta.size());
+  const uint64_t m = meta.size(), h = hash.finish();
+  char trailer[kTrailer2];
+  std::memcpy(trailer, kMagic2, 8);
+  std::memcpy(trailer + 8, &n, 8);
+  std::memcpy(trailer + 16, &m, 8);
+  std::memcpy(trailer + 24, &h, 8);
+  file.write(trailer, sizeof trailer);
+  file.commit();  // fsync, rename, fsync of the folder
 }
 
-void load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
-                           const std::string& what) {
+ArchiveFile verify_archive(const std::string& path, const std::string& what) {
   if (!std::filesystem::is_regular_file(path)) throw InputError(path + ": " + what + " not found");
-  const std::string bytes = read_file(path);
-  uint64_t n = 0, h = 0;
-  if (bytes.size() < kTrailerSize || std::memcmp(bytes.data() + bytes.size() - kTrailerSize, kTrailerMagic, 8) != 0)
-    throw InputError(path + ": not a Headroom " + what + ", or truncated (no end marker)");
-  std::memcpy(&n, bytes.data() + bytes.size() - 16, 8);
-  std::memcpy(&h, bytes.data() + bytes.size() - 8, 8);
-  if (n != bytes.size() - kTrailerSize) throw InputError(path + ": damaged " + what + " (its length does not match its end marker)");
-  if (archive_hash(bytes.data(), n) != h)
+  const ReadFd fd(path);
+  if (fd.get() < 0) throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
+  const uint64_t size = std::filesystem::file_size(path);
+  char tail[kTrailer2] = {};
+  const bool v2 = size >= kTrailer2 && fd.read_at(size - kTrailer2, tail, kTrailer2) && std::memcmp(tail, kMagic2, 8) == 0;
+  const bool v1 = !v2 && size >= kTrailer1 && fd.read_at(size - kTrailer1, tail, kTrailer1) && std::memcmp(tail, kMagic1, 8) == 0;
+  if (!v1 && !v2) throw InputError(path + ": not a Headroom " + what + ", or truncated (no end marker)");
+  ArchiveFile f;
+  uint64_t m = 0, h = 0;
+  std::memcpy(&f.archive_bytes, tail + 8, 8);
+  if (v2) std::memcpy(&m, tail + 16, 8);
+  std::memcpy(&h, tail + (v2 ? 24 : 16), 8);
+  const uint64_t hashed = f.archive_bytes + m;
+  if (hashed + (v2 ? kTrailer2 : kTrailer1) != size)
+    throw InputError(path + ": damaged " + what + " (its length does not match its end marker)");
+  StreamHash hash(v2 ? kHashSeed : kHashSeed ^ f.archive_bytes);
+  std::vector<char> buf(size_t(1) << 20);
+  for (uint64_t pos = 0; pos < hashed;) {
+    const size_t n = size_t(std::min<uint64_t>(buf.size(), hashed - pos));
+    if (!fd.read_at(pos, buf.data(), n)) throw InputError(path + ": cannot read the " + what + " at byte " + std::to_string(pos));
+    hash.update(buf.data(), n);
+    if (pos + n > f.archive_bytes) {  // the meta JSON follows the archive
+      const uint64_t from = std::max(pos, f.archive_bytes);
+      f.meta.append(buf.data() + (from - pos), size_t(pos + n - from));
+    }
+    pos += n;
+  }
+  if ((v2 ? hash.finish() : hash.finish_v1()) != h)
     throw InputError(path + ": damaged " + what + " (checksum mismatch: the file changed after it was written)");
+  return f;
+}
+
+ArchiveFile load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
+                                  const std::string& what) {
+  const ArchiveFile f = verify_archive(path, what);
+  const ReadFd fd(path);
   try {
-    archive.load_from(bytes.data(), n, device);
+    archive.load_from([&](uint64_t pos, void* buf, size_t n) -> size_t { return fd.read_at(pos, buf, n) ? n : 0; },
+                      [&]() -> size_t { return size_t(f.archive_bytes); }, device);
   } catch (const c10::Error& e) {
     throw InputError(path + ": cannot read the " + what + ": " + e.what_without_backtrace());
   }
+  return f;
 }
 
 LoadedWeights load_weights(const std::string& path, c10::Device device) {

@@ -5,16 +5,29 @@
 #include <torch/serialize/output-archive.h>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/text.h"
 #include "headroom/core/torch_compat.h"
 
 namespace headroom::train {
 
+namespace {
+const std::pair<const char*, AmpMode> kAmpMode[] = {
+    {"auto", AmpMode::auto_}, {"off", AmpMode::off}, {"fp16", AmpMode::fp16}, {"bf16", AmpMode::bf16}};
+}  // namespace
+
+AmpMode amp_mode_from(const std::string& word) { return enum_from_word(word, kAmpMode); }
+const char* to_string(AmpMode m) { return enum_word(m, kAmpMode); }
+
+AmpMode resolve_amp(AmpMode m, c10::Device device, const std::string& where) {
+  if (m == AmpMode::auto_) return device.is_cuda() ? AmpMode::fp16 : AmpMode::off;
+  if (m == AmpMode::fp16 && !device.is_cuda())
+    throw InputError(where + ": fp16 needs CUDA and this run is on " + device.str() + "; use train.amp=bf16 (CPU autocast) or "
+                     "train.amp=off");
+  return m;
+}
+
 AmpMode resolve_amp(const Config& c, c10::Device device) {
-  if (c.train.amp == AmpMode::auto_) return device.is_cuda() ? AmpMode::fp16 : AmpMode::off;
-  if (c.train.amp == AmpMode::fp16 && !device.is_cuda())
-    throw InputError(c.where("train.amp") + ": train.amp: fp16 needs CUDA and this run is on the CPU; use "
-                     "train.amp=bf16 (CPU autocast) or train.amp=off");
-  return c.train.amp;
+  return resolve_amp(amp_mode_from(c.train.amp), device, c.where("train.amp") + ": train.amp");
 }
 
 at::ScalarType amp_dtype(AmpMode m) {

@@ -1,17 +1,24 @@
 // The hooks of a `trainer train` run. Each owns one concern; the Trainer knows none of them.
+#include "headroom/train/hooks.h"
+
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <regex>
 
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
+#include "headroom/core/files.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/text.h"
+#include "headroom/train/checkpoints.h"
 #include "headroom/train/metrics.h"
 #include "headroom/train/plots.h"
-#include "headroom/train/trainer.h"
 
 namespace headroom::train {
 
@@ -22,6 +29,7 @@ namespace {
 std::string weights_path(Trainer& t, const std::string& file) { return (fs::path(t.run_dir()) / "weights" / file).string(); }
 
 bool last_step(Trainer& t) { return t.state().step >= t.total_steps(); }
+bool fresh_counters(Trainer& t) { return t.counters().step == t.state().step; }
 
 std::string human_bytes(int64_t b) {
   char buf[32];
@@ -55,31 +63,35 @@ class EmaHook : public Hook {
 };
 
 // Steps with non-finite loss or gradients are skipped on the device; this stops a run that
-// keeps producing them (read at the logging interval: one host sync).
+// keeps producing them. It looks at each read of the counters: the longest run of bad steps in
+// the window, so a burst between two reads is seen even when the last step was fine.
 class NonFiniteGuard : public Hook {
  public:
+  explicit NonFiniteGuard(int64_t max_bad_steps) : max_(max_bad_steps) {}
   void after_step(Trainer& t) override {
-    if (t.state().step % t.config().train.log_every != 0 && !last_step(t)) return;
-    const StepCounters& c = t.read_counters();
-    if (c.bad_run < t.config().train.max_bad_steps) return;
+    if (!fresh_counters(t)) return;
+    const StepCounters& c = t.counters();
+    if (c.worst_bad_run < double(max_)) return;
     t.state().stop = true;
     t.state().exit_code = kExitFailure;
-    t.state().stop_reason = std::to_string(int64_t(c.bad_run)) + " optimizer steps in a row had a non-finite loss or gradients (" +
+    t.state().stop_reason = std::to_string(int64_t(c.worst_bad_run)) + " optimizer steps in a row had a non-finite loss or gradients (" +
                             std::to_string(int64_t(c.skipped_steps)) + " skipped in all; train.max_bad_steps = " +
-                            std::to_string(t.config().train.max_bad_steps) + "): the run diverged. Lower train.lr0, lengthen "
-                            "train.warmup_epochs, try train.amp=bf16 or off, and check the labels (trainer data check).";
+                            std::to_string(max_) + "): the run diverged. Lower train.lr0, lengthen train.warmup_epochs, try "
+                            "train.amp=bf16 or off, and check the labels (trainer data check).";
   }
+
+ private:
+  int64_t max_;
 };
 
 class EvalHook : public Hook {
  public:
+  EvalHook(int64_t every_epochs, int64_t every_steps) : every_epochs_(every_epochs), every_steps_(every_steps) {}
   void after_step(Trainer& t) override {
-    const int64_t every = t.config().train.val_every_steps;
-    if (every > 0 && t.state().step % every == 0 && !last_step(t)) evaluate(t);
+    if (every_steps_ > 0 && t.state().step % every_steps_ == 0 && !last_step(t)) evaluate(t);
   }
   void after_epoch(Trainer& t) override {
-    const int every = t.config().train.val_every;
-    if ((every > 0 && (t.state().epoch + 1) % every == 0) || last_step(t)) evaluate(t);
+    if ((every_epochs_ > 0 && (t.state().epoch + 1) % every_epochs_ == 0) || last_step(t)) evaluate(t);
   }
   void after_train(Trainer& t) override {
     if (t.state().last_eval_step != t.state().step && t.state().exit_code == 0) evaluate(t);
@@ -94,70 +106,73 @@ class EvalHook : public Hook {
     std::fflush(stdout);
     if (s->stats[0] > t.state().best_fitness) {
       t.state().best_fitness = s->stats[0];
-      t.state().best_step = t.state().step;
-      t.save_checkpoint(weights_path(t, "best.pt"));
+      t.state().best_step = t.state().step;  // the checkpoint writer saves best.pt
     }
   }
-};
-
-class CheckpointHook : public Hook {
- public:
-  void after_step(Trainer& t) override {
-    const int64_t every = t.config().train.save_every_steps;
-    if (every <= 0 || t.state().step % every != 0) return;
-    char name[64];
-    std::snprintf(name, sizeof name, "step_%08lld.pt", (long long)t.state().step);
-    t.save_checkpoint(weights_path(t, name));
-    prune(t);
-  }
-  void after_epoch(Trainer& t) override { t.save_checkpoint(weights_path(t, "last.pt")); }
-  void after_train(Trainer& t) override {
-    if (t.state().stop) t.save_checkpoint(weights_path(t, "last.pt"));  // epoch ends already wrote it otherwise
-  }
-
- private:
-  static void prune(Trainer& t) {
-    std::vector<std::string> steps;
-    std::error_code ec;
-    for (const auto& f : fs::directory_iterator(fs::path(t.run_dir()) / "weights", ec))
-      if (std::regex_match(f.path().filename().string(), std::regex("step_[0-9]+\\.pt"))) steps.push_back(f.path().string());
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + size_t(t.config().train.keep) < steps.size(); ++i) fs::remove(steps[i], ec);
-  }
+  int64_t every_epochs_, every_steps_;
 };
 
 // Progress (a refreshed line on a terminal, plain lines otherwise), the epoch summary,
-// results.csv and TensorBoard.
+// results.csv and TensorBoard. Its state — the epoch's loss sums, the rows and event bytes
+// written — is in every checkpoint, so a resumed run writes the same record as one that ran
+// through.
 class LogHook : public Hook {
  public:
+  std::string state_name() const override { return "log"; }
+  Json save_state() const override {
+    if (!csv_) return resumed_;  // saved before training started: what was loaded, unchanged
+    Json j = Json::object();
+    j["rows"] = csv_->rows();
+    j["events"] = fs::path(tb_->path()).filename().string();
+    j["events_bytes"] = tb_->bytes();
+    Json sums = Json::object();
+    for (const auto& [name, v] : epoch_sums_) sums[name] = v;
+    j["epoch_loss_sums"] = std::move(sums);
+    j["epoch_finite_steps"] = epoch_finite_;
+    return j;
+  }
+  void load_state(const Json& j) override { resumed_ = j; }
+
   void before_train(Trainer& t) override {
     tty_ = ::isatty(::fileno(stderr));
     csv_ = std::make_unique<CsvWriter>((fs::path(t.run_dir()) / "results.csv").string());
-    tb_ = std::make_unique<TensorBoardWriter>(t.run_dir());
-    const TrainConfig& c = t.config().train;
-    spdlog::info("training {} ({} parameters) on {}: {} images, micro-batch {} x {} accumulated = {} per step, {} steps per epoch, "
+    if (resumed_.is_object()) {
+      csv_->keep_rows(int64_t(resumed_.find("rows")->as_number()));
+      tb_ = std::make_unique<TensorBoardWriter>(t.run_dir(), resumed_.find("events")->as_string(),
+                                                int64_t(resumed_.find("events_bytes")->as_number()));
+      for (const auto& [name, v] : resumed_.find("epoch_loss_sums")->members()) epoch_sums_[name] = v.as_number();
+      epoch_finite_ = int64_t(resumed_.find("epoch_finite_steps")->as_number());
+    } else {
+      tb_ = std::make_unique<TensorBoardWriter>(t.run_dir());
+    }
+    const TrainerOptions& o = t.options();
+    spdlog::info("training {} ({} parameters) on {}: {} images, loader batch {} x {} accumulated = {} per step, {} steps per epoch, "
                  "{} epochs = {} steps; {} with lr0 {}, {} schedule; amp {}; EMA {}",
-                 t.model().yaml_file(), t.model().parameter_count(), t.device().str(), t.train_split().samples.size(), c.batch,
-                 t.accumulate(), c.batch * t.accumulate(), t.steps_per_epoch(), t.epochs(), t.total_steps(), to_string(c.optimizer),
-                 c.lr0, to_string(c.schedule), to_string(t.amp()), c.ema ? "on" : "off");
+                 t.model().yaml_file(), t.model().parameter_count(), t.device().str(), t.train_split().samples.size(), o.batch(),
+                 t.accumulate(), o.batch() * t.accumulate(), t.steps_per_epoch(), t.epochs(), t.total_steps(),
+                 to_string(o.optimizer().kind()), o.schedule().lr0(), to_string(o.schedule().kind()), to_string(t.amp()),
+                 t.ema() ? "on" : "off");
     epoch_start_ = std::chrono::steady_clock::now();
     epoch_first_step_ = t.state().step;
     epoch_first_images_ = t.state().images;
   }
 
   void after_step(Trainer& t) override {
-    const int64_t in_epoch = t.state().step - (t.state().epoch * t.steps_per_epoch());
-    const bool epoch_end = t.state().batch >= t.loader().batches_per_epoch();
-    const int64_t plain_every = std::max<int64_t>(t.config().train.log_every, (t.steps_per_epoch() + 9) / 10);
-    const bool refresh = t.state().step % t.config().train.log_every == 0;
-    if (!(epoch_end || last_step(t) || (tty_ ? refresh : in_epoch % plain_every == 0))) return;
-    const StepCounters& c = t.read_counters();
-    for (const auto& [name, v] : c.losses) {
-      auto& [sum, n] = epoch_losses_[name];
-      sum += v * double(c.micro_batches);
-      n += c.micro_batches;
+    if (const auto& m = t.step_memory()) {
+      window_peak_ = std::max(window_peak_, m->peak_allocated);
+      epoch_peak_ = std::max(epoch_peak_, m->peak_allocated);
     }
+    if (!fresh_counters(t)) return;
+    const StepCounters& c = t.counters();
+    for (const auto& [name, sum] : c.loss_sums) epoch_sums_[name] += sum;
+    epoch_finite_ += c.finite_steps;
+    const int64_t in_epoch = t.state().step - t.state().epoch * t.steps_per_epoch();
+    const bool epoch_end = t.state().batch >= t.loader().batches_per_epoch();
+    const int64_t plain_every = std::max<int64_t>(t.options().read_every(), (t.steps_per_epoch() + 9) / 10);
+    if (!(tty_ || epoch_end || last_step(t) || t.state().step - printed_step_ >= plain_every)) return;
+    printed_step_ = t.state().step;
     const std::string line = progress(t, c, in_epoch);
+    window_peak_ = 0;
     if (tty_) {
       std::fprintf(stderr, "\r%s\033[K", line.c_str());
       if (epoch_end || last_step(t)) std::fprintf(stderr, "\n");
@@ -172,32 +187,31 @@ class LogHook : public Hook {
     const int64_t images = t.state().images - epoch_first_images_;
     Scalars row = {{"epoch", double(t.state().epoch + 1)}, {"step", double(t.state().step)}};
     std::string losses;
-    for (const auto& [name, sn] : epoch_losses_) {
-      const double mean = sn.second ? sn.first / double(sn.second) : NAN;
+    for (const auto& [name, sum] : epoch_sums_) {
+      const double mean = epoch_finite_ > 0 ? sum / double(epoch_finite_) : NAN;
       row.emplace_back("train/" + name, mean);
-      char buf[64];
-      std::snprintf(buf, sizeof buf, " %s %.4g", name.c_str(), mean);
-      losses += buf;
+      losses += fmt::format(" {} {:.4g}", name, mean);
     }
     const bool fresh_eval = t.last_metrics() && t.state().last_eval_step == t.state().step;
     const auto metric = [&](int i) { return fresh_eval ? t.last_metrics()->stats[size_t(i)] : NAN; };
     row.insert(row.end(), {{"metrics/AP50-95", metric(0)}, {"metrics/AP50", metric(1)}, {"metrics/AP75", metric(2)}});
     for (size_t g = 0; g < t.optimizer().groups().size(); ++g) row.emplace_back("lr/pg" + std::to_string(g), t.optimizer().groups()[g].lr);
-    const StepCounters& c = t.read_counters();
+    const double skipped = t.counters().skipped_steps;  // read at the epoch's last step
     row.insert(row.end(), {{"time/epoch_s", seconds}, {"speed/img_s", images / std::max(seconds, 1e-9)},
                            {"time/data_wait_share", t.data_wait_seconds() / std::max(seconds, 1e-9)},
-                           {"train/skipped_steps", c.skipped_steps}});
+                           {"train/skipped_steps", skipped}});
     csv_->append(row);
     tb_->add_scalars(Scalars(row.begin() + 2, row.end()), t.state().step,
                      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     tb_->flush();
-    const DeviceMemory m = device_memory(t.device());
-    spdlog::info("epoch {}/{} done: {} steps in {} ({:.1f} img/s, data wait {:.0f}%),{}{}; {} skipped steps; memory peak {}", t.state().epoch + 1,
-                 t.epochs(), t.state().step - epoch_first_step_, human_seconds(seconds), images / std::max(seconds, 1e-9),
-                 100 * t.data_wait_seconds() / std::max(seconds, 1e-9), losses,
-                 fresh_eval ? fmt::format(", val AP50-95 {:.4f} AP50 {:.4f}", metric(0), metric(1)) : "", int64_t(c.skipped_steps),
-                 human_bytes(m.peak));
-    epoch_losses_.clear();
+    spdlog::info("epoch {}/{} done: {} steps in {} ({:.1f} img/s, data wait {:.0f}%),{}{}; {} skipped steps; memory peak {}",
+                 t.state().epoch + 1, t.epochs(), t.state().step - epoch_first_step_, human_seconds(seconds),
+                 images / std::max(seconds, 1e-9), 100 * t.data_wait_seconds() / std::max(seconds, 1e-9), losses,
+                 fresh_eval ? fmt::format(", val AP50-95 {:.4f} AP50 {:.4f}", metric(0), metric(1)) : "", int64_t(skipped),
+                 t.step_memory() ? format_bytes(double(epoch_peak_)) : std::string("not measured"));
+    epoch_sums_.clear();
+    epoch_finite_ = 0;
+    epoch_peak_ = 0;
     epoch_start_ = std::chrono::steady_clock::now();
     epoch_first_step_ = t.state().step;
     epoch_first_images_ = t.state().images;
@@ -226,10 +240,12 @@ class LogHook : public Hook {
     std::string text = fmt::format("{}/{} {:>6}/{} {:.2f}it/s {:.1f}img/s", t.state().epoch + 1, t.epochs(), in_epoch, t.steps_per_epoch(),
                                    its, imgs);
     for (const auto& [name, v] : c.losses) text += fmt::format(" {} {:.4g}", name, v);
-    const DeviceMemory m = device_memory(t.device());
-    text += fmt::format(" lr {:.3g} mem {}/{}/{} data {:.0f}% eta {}", t.optimizer().groups().front().lr, human_bytes(m.allocated),
-                        human_bytes(m.reserved), human_bytes(m.peak), 100 * t.data_wait_seconds() / std::max(seconds, 1e-9),
-                        human_seconds(eta));
+    // The step's memory as the memory governor sees it: allocated / reserved after the step,
+    // and the highest step peak since the last line.
+    const std::optional<MemoryStats>& m = t.step_memory();
+    text += fmt::format(" lr {:.3g} mem {} data {:.0f}% eta {}", t.optimizer().groups().front().lr,
+                        m ? human_bytes(m->allocated) + "/" + human_bytes(m->reserved) + "/" + human_bytes(window_peak_) : std::string("-"),
+                        100 * t.data_wait_seconds() / std::max(seconds, 1e-9), human_seconds(eta));
     if (c.skipped_steps > 0) text += fmt::format(" skipped {}", int64_t(c.skipped_steps));
     return text;
   }
@@ -237,19 +253,19 @@ class LogHook : public Hook {
   bool tty_ = false;
   std::unique_ptr<CsvWriter> csv_;
   std::unique_ptr<TensorBoardWriter> tb_;
-  std::map<std::string, std::pair<double, int64_t>> epoch_losses_;
+  Json resumed_;
+  std::map<std::string, double> epoch_sums_;  // per term, over the epoch's finite steps
+  int64_t epoch_finite_ = 0;
+  int64_t window_peak_ = 0, epoch_peak_ = 0, printed_step_ = 0;
   std::chrono::steady_clock::time_point epoch_start_;
   int64_t epoch_first_step_ = 0, epoch_first_images_ = 0;
 };
 
 class PlotHook : public Hook {
  public:
-  void before_train(Trainer& t) override {
-    if (!enabled(t)) return;
-    plot_labels(t.train_split(), path(t, "labels.jpg"));
-  }
+  void before_train(Trainer& t) override { plot_labels(t.train_split(), path(t, "labels.jpg")); }
   void after_step(Trainer& t) override {
-    if (!enabled(t) || drew_batch_ || !t.first_batch()) return;
+    if (drew_batch_ || !t.first_batch()) return;
     drew_batch_ = true;
     plot_batch(*t.first_batch(), t.train_split().names, path(t, "train_batch0.jpg"));
   }
@@ -257,11 +273,10 @@ class PlotHook : public Hook {
   void after_train(Trainer& t) override { results(t); }
 
  private:
-  static bool enabled(Trainer& t) { return t.config().train.plots; }
   static std::string path(Trainer& t, const char* file) { return (fs::path(t.run_dir()) / file).string(); }
   static void results(Trainer& t) {
     const std::string csv = path(t, "results.csv");
-    if (!enabled(t) || !fs::exists(csv)) return;
+    if (!fs::exists(csv)) return;
     const auto [header, rows] = read_csv(csv);
     plot_results(header, rows, path(t, "results.png"));
   }
@@ -281,17 +296,95 @@ class InterruptHook : public Hook {
   }
 };
 
+// Writes the checkpoints, registered last: a file holds every other hook's state for its point.
+//   step_N.pt  every save_every steps (the newest `keep`), after the step's other hooks;
+//   last.pt    once an epoch's end is done (at the next epoch's start, or at the end of the run),
+//              and when a hook stops the run;
+//   best.pt    where validation found a better AP: a copy of the file written at that point.
+class CheckpointHook : public Hook {
+ public:
+  CheckpointHook(int64_t save_every, int64_t keep) : save_every_(save_every), keep_(keep) {}
+  // Killed between a checkpoint and its copy as best.pt: the run resumes from the best model.
+  void before_train(Trainer& t) override {
+    if (t.state().step == 0 || t.state().best_step != t.state().step) return;
+    const std::string best = weights_path(t, "best.pt");
+    try {
+      if (int64_t(checkpoint_meta(best).find("step")->as_number()) == t.state().step) return;
+    } catch (const InputError&) {  // missing or damaged: written again below
+    }
+    t.save_checkpoint(best);
+    best_saved_step_ = t.state().step;
+  }
+  void after_step(Trainer& t) override {
+    std::string written;
+    if (save_every_ > 0 && t.state().step % save_every_ == 0) {
+      char name[64];
+      std::snprintf(name, sizeof name, "step_%08lld.pt", (long long)t.state().step);
+      written = weights_path(t, name);
+      t.save_checkpoint(written);
+      prune(t);
+    }
+    if (best_due(t)) save_best(t, written);  // validation inside the epoch found a better model
+  }
+  void after_epoch(Trainer&) override { epoch_ended_ = true; }
+  void before_epoch(Trainer& t) override {
+    if (epoch_ended_) write_last(t);
+  }
+  void after_train(Trainer& t) override {
+    if (epoch_ended_ || t.state().stop) write_last(t);
+  }
+
+ private:
+  bool best_due(Trainer& t) const { return t.state().best_step == t.state().step && best_saved_step_ != t.state().step; }
+  void save_best(Trainer& t, const std::string& written) {
+    const std::string best = weights_path(t, "best.pt");
+    if (written.empty())
+      t.save_checkpoint(best);
+    else
+      copy_file_atomic(written, best);
+    best_saved_step_ = t.state().step;
+  }
+  void write_last(Trainer& t) {
+    const std::string last = weights_path(t, "last.pt");
+    t.save_checkpoint(last);
+    epoch_ended_ = false;
+    if (best_due(t)) save_best(t, last);
+  }
+  void prune(Trainer& t) const {
+    std::vector<std::string> steps;
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(fs::path(t.run_dir()) / "weights", ec))
+      if (std::regex_match(f.path().filename().string(), std::regex("step_[0-9]+\\.pt"))) steps.push_back(f.path().string());
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + size_t(keep_) < steps.size(); ++i) fs::remove(steps[i], ec);
+  }
+  int64_t save_every_, keep_;
+  bool epoch_ended_ = false;
+  int64_t best_saved_step_ = -1;
+};
+
+std::atomic<bool> g_interrupt{false};
+extern "C" void on_sigint(int) {
+  g_interrupt.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
 }  // namespace
 
-void register_default_hooks(Trainer& t) {
+void register_default_hooks(Trainer& t, const Config& c) {
+  const TrainConfig& o = c.train;
   t.register_hook(std::make_unique<ScheduleHook>());
   t.register_hook(std::make_unique<EmaHook>());
-  t.register_hook(std::make_unique<NonFiniteGuard>());
+  t.register_hook(std::make_unique<NonFiniteGuard>(o.max_bad_steps));
   t.register_hook(std::make_unique<InterruptHook>());
-  t.register_hook(std::make_unique<EvalHook>());
-  t.register_hook(std::make_unique<CheckpointHook>());
+  t.register_hook(std::make_unique<EvalHook>(o.val_every, o.val_every_steps));
   t.register_hook(std::make_unique<LogHook>());
-  t.register_hook(std::make_unique<PlotHook>());
+  if (o.plots) t.register_hook(std::make_unique<PlotHook>());
+  t.register_hook(std::make_unique<CheckpointHook>(o.save_every_steps, o.keep));
 }
+
+void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
+bool interrupt_requested() { return g_interrupt.load(); }
+void request_interrupt() { g_interrupt.store(true); }
 
 }  // namespace headroom::train

@@ -11,8 +11,42 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
+#include "headroom/core/logging.h"
 
 namespace headroom::train {
+
+namespace {
+// The file's lines, the header first; empty when there is no file.
+std::vector<std::string> csv_lines(const std::string& path) {
+  std::vector<std::string> lines;
+  if (!std::filesystem::exists(path)) return lines;
+  std::istringstream in(read_file(path));
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+}  // namespace
+
+CsvWriter::CsvWriter(std::string path) : path_(std::move(path)) {
+  const std::vector<std::string> lines = csv_lines(path_);
+  rows_ = lines.empty() ? 0 : int64_t(lines.size()) - 1;
+}
+
+void CsvWriter::keep_rows(int64_t rows) {
+  const std::vector<std::string> lines = csv_lines(path_);
+  const int64_t have = lines.empty() ? 0 : int64_t(lines.size()) - 1;
+  if (have <= rows) {
+    if (have < rows) spdlog::warn("{}: {} rows, the checkpoint recorded {}; rows are appended after them", path_, have, rows);
+    rows_ = have;
+    return;
+  }
+  std::string text;
+  for (int64_t i = 0; i <= rows; ++i) text += lines[size_t(i)] + "\n";
+  write_file_atomic(path_, text);
+  spdlog::info("{}: {} rows written after the checkpoint (by the run it replaces) dropped", path_, have - rows);
+  rows_ = rows;
+}
 
 void CsvWriter::append(const Scalars& row) {
   const bool fresh = !std::filesystem::exists(path_) || std::filesystem::file_size(path_) == 0;
@@ -30,6 +64,7 @@ void CsvWriter::append(const Scalars& row) {
   out << "\n";
   out.flush();
   if (!out) throw Error(path_ + ": writing the results row failed");
+  ++rows_;
 }
 
 std::pair<std::vector<std::string>, std::vector<std::vector<double>>> read_csv(const std::string& path) {
@@ -161,7 +196,28 @@ struct WireReader {
 
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) { create(dir); }
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& file, int64_t bytes) {
+  const std::string path = dir + "/" + file;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || int64_t(size) < bytes || bytes <= 0) {
+    spdlog::warn("{}: not there as the checkpoint left it; the run continues in a new event file", path);
+    create(dir);
+    return;
+  }
+  if (int64_t(size) > bytes) {
+    std::filesystem::resize_file(path, uintmax_t(bytes));
+    spdlog::info("{}: events written after the checkpoint (by the run it replaces) cut off", path);
+  }
+  path_ = path;
+  file_ = std::fopen(path_.c_str(), "ab");
+  if (!file_) throw Error(path_ + ": cannot append to the TensorBoard event file");
+  bytes_ = bytes;
+}
+
+void TensorBoardWriter::create(const std::string& dir) {
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   const auto now = std::chrono::system_clock::now().time_since_epoch();
@@ -187,6 +243,7 @@ void TensorBoardWriter::write_record(const std::string& data) {
   std::fwrite(&hcrc, 1, 4, file_);
   std::fwrite(data.data(), 1, data.size(), file_);
   std::fwrite(&dcrc, 1, 4, file_);
+  bytes_ += int64_t(16 + data.size());
 }
 
 void TensorBoardWriter::add_scalars(const Scalars& values, int64_t step, double wall_time) {

@@ -9,9 +9,18 @@
 #include <cmath>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/text.h"
 #include "headroom/core/torch_compat.h"
 
 namespace headroom::train {
+
+namespace {
+const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
+    {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}};
+}  // namespace
+
+OptimizerKind optimizer_kind_from(const std::string& word) { return enum_from_word(word, kOptimizerKind); }
+const char* to_string(OptimizerKind k) { return enum_word(k, kOptimizerKind); }
 
 std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay) {
   ParamGroup weights{"weights", {}, 0, 0, weight_decay, false};

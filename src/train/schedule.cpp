@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "headroom/core/text.h"
+
 namespace headroom::train {
 
 double Schedule::base_lr(int64_t step) const {
@@ -46,19 +48,12 @@ int64_t warmup_steps(double warmup_epochs, int64_t batches_per_epoch, int64_t ac
   return (iterations + accumulate - 1) / accumulate;
 }
 
-ScheduleOptions schedule_options(const Config& c, int64_t total_steps, int64_t warmup) {
-  const TrainConfig& t = c.train;
-  return ScheduleOptions()
-      .kind(t.schedule)
-      .lr0(t.lr0)
-      .lrf(t.lrf)
-      .momentum(t.momentum)
-      .lr_steps(t.lr_steps)
-      .lr_values(t.lr_values)
-      .total_steps(total_steps)
-      .warmup_steps(warmup)
-      .warmup_momentum(t.warmup_momentum)
-      .warmup_bias_lr(t.warmup_bias_lr);
-}
+namespace {
+const std::pair<const char*, LrSchedule> kLrSchedule[] = {
+    {"linear", LrSchedule::linear}, {"cosine", LrSchedule::cosine}, {"manual", LrSchedule::manual}};
+}  // namespace
+
+LrSchedule lr_schedule_from(const std::string& word) { return enum_from_word(word, kLrSchedule); }
+const char* to_string(LrSchedule s) { return enum_word(s, kLrSchedule); }
 
 }  // namespace headroom::train

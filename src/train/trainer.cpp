@@ -6,40 +6,69 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <atomic>
-#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <functional>
-#include <regex>
 
 #include "headroom/core/errors.h"
-#include "headroom/core/json.h"
 #include "headroom/core/logging.h"
-#include "headroom/eval/validate.h"
-#include "headroom/memory/monitor.h"
+#include "headroom/core/torch_compat.h"
 #include "headroom/models/weights.h"
+#include "headroom/train/checkpoints.h"
 
 namespace headroom::train {
 
 namespace fs = std::filesystem;
 
 namespace {
-constexpr int kCheckpointFormat = 1;
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
-
-at::Tensor scalar_on(c10::Device device) { return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device)); }
 }  // namespace
 
-TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
-  return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
+TrainerOptions trainer_options(const Config& c, c10::Device device) {
+  const TrainConfig& t = c.train;
+  return TrainerOptions()
+      .batch(t.batch)
+      .nominal_batch(t.nominal_batch)
+      .epochs(t.epochs)
+      .steps(t.steps)
+      .weight_decay(t.weight_decay)
+      .optimizer(OptimizerOptions().kind(optimizer_kind_from(t.optimizer)).momentum(t.momentum).nesterov(t.nesterov))
+      .schedule(ScheduleOptions()
+                    .kind(lr_schedule_from(t.schedule))
+                    .lr0(t.lr0)
+                    .lrf(t.lrf)
+                    .momentum(t.momentum)
+                    .lr_steps(t.lr_steps)
+                    .lr_values(t.lr_values)
+                    .warmup_momentum(t.warmup_momentum)
+                    .warmup_bias_lr(t.warmup_bias_lr))
+      .warmup_epochs(t.warmup_epochs)
+      .amp(resolve_amp(c, device))
+      .clip_grad(t.clip_grad)
+      .ema_decay(t.ema_decay)
+      .ema_tau(t.ema_tau)
+      .read_every(t.log_every)
+      .keep_first_batch(t.plots)
+      .config_yaml(config_to_yaml(c));
 }
 
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
   return std::max<int64_t>(std::llround(double(nominal_batch) / double(batch)), 1);
+}
+
+RunLength run_length(const TrainerOptions& o, int64_t batches_per_epoch) {
+  RunLength r;
+  r.accumulate = accumulation_steps(o.nominal_batch(), o.batch());
+  r.steps_per_epoch = (batches_per_epoch + r.accumulate - 1) / r.accumulate;
+  r.total_steps = o.steps() > 0 ? o.steps() : o.epochs() * r.steps_per_epoch;
+  r.epochs = (r.total_steps + r.steps_per_epoch - 1) / r.steps_per_epoch;
+  return r;
+}
+
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
+  return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
 }
 
 std::shared_ptr<const data::Split> load_val_split(const Config& c) {
@@ -51,11 +80,12 @@ std::shared_ptr<const data::Split> load_val_split(const Config& c) {
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
                                 std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val) {
   TrainerParts p;
-  p.config = c;
+  p.options = trainer_options(c, device);
   p.device = device;
   p.run_dir = run_dir;
   p.train_split = std::move(train);
   p.val_split = std::move(val);
+  p.loader = data::loader_options(c, *p.train_split, /*training=*/true, device.is_cuda());
   const int64_t nc = int64_t(p.train_split->names.size());
   at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
   p.model = models::build_detector(c, nc);
@@ -69,265 +99,312 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
     p.ema_copy = models::build_detector(c, nc);
     p.ema_copy->to(device);
   }
+  if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
+  p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
+  if (augment::enabled(c.augment)) {
+    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch(), p.loader.drop_last());
+    p.augmenter = std::make_unique<augment::Augmenter>(
+        augment::augmenter_options(c, p.model->info().input_multiple, run_length(p.options, batches).epochs));
+  }
   return p;
 }
 
 Trainer::Trainer(TrainerParts parts)
-    : config_(std::move(parts.config)),
+    : options_(std::move(parts.options)),
       device_(parts.device),
       run_dir_(std::move(parts.run_dir)),
       train_split_(std::move(parts.train_split)),
       val_split_(std::move(parts.val_split)),
-      model_(std::move(parts.model)) {
-  amp_ = resolve_amp(config_, device_);
-  loader_ = std::make_unique<data::Loader>(train_split_, data::loader_options(config_, *train_split_, /*training=*/true, device_.is_cuda()));
-  const TrainConfig& t = config_.train;
+      validation_(std::move(parts.validation)),
+      model_(std::move(parts.model)),
+      loss_(std::move(parts.loss)),
+      augmenter_(std::move(parts.augmenter)),
+      monitor_(std::move(parts.monitor)) {
+  TORCH_CHECK(loss_, "TrainerParts without a loss");
+  loader_ = std::make_unique<data::Loader>(train_split_, parts.loader);
   const int64_t nb = loader_->batches_per_epoch();
-  accumulate_ = accumulation_steps(t.nominal_batch, t.batch);
-  steps_per_epoch_ = (nb + accumulate_ - 1) / accumulate_;
-  total_steps_ = t.steps > 0 ? t.steps : int64_t(t.epochs) * steps_per_epoch_;
-  epochs_ = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
+  length_ = run_length(options_, nb);
   // Ultralytics scales the decay with the images per step relative to the nominal batch.
-  const double decay = t.weight_decay * double(t.batch * accumulate_) / double(t.nominal_batch);
-  optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay),
-                                           OptimizerOptions().kind(t.optimizer).momentum(t.momentum).nesterov(t.nesterov));
-  schedule_ = std::make_unique<Schedule>(schedule_options(config_, total_steps_, warmup_steps(t.warmup_epochs, nb, accumulate_)));
+  const double decay = options_.weight_decay() * double(options_.batch() * length_.accumulate) / double(options_.nominal_batch());
+  optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay), options_.optimizer());
+  ScheduleOptions schedule = options_.schedule();
+  schedule.total_steps(length_.total_steps).warmup_steps(warmup_steps(options_.warmup_epochs(), nb, length_.accumulate));
+  schedule_ = std::make_unique<Schedule>(schedule);
   schedule_->apply(*optimizer_, 0);  // valid rates even without the schedule hook
-  if (amp_ == AmpMode::fp16) scaler_ = std::make_unique<LossScaler>(device_);
-  loss_ = parts.loss ? std::move(parts.loss) : losses::make_loss(model_->info(), losses::loss_options(config_));
-  if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), t.ema_decay, t.ema_tau);
-  skipped_ = scalar_on(device_);
-  bad_run_ = scalar_on(device_);
-  if (augment::enabled(config_.augment))
-    augmenter_ = std::make_unique<augment::Augmenter>(config_.augment, config_.seed, model_->info().input_multiple, epochs_);
+  set_amp(options_.amp());
+  if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), options_.ema_decay(), options_.ema_tau());
+  loss_names_ = loss_->term_names();
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
+  window_loss_ = at::zeros({int64_t(loss_names_.size())}, fopt);
+  window_finite_ = at::zeros({}, fopt);
+  skipped_ = at::zeros({}, fopt);
+  bad_run_ = at::zeros({}, fopt);
+  worst_run_ = at::zeros({}, fopt);
+  readback_ = at::zeros({5 + int64_t(loss_names_.size())}, fopt);
   model_->train();
+  register_state();
 }
 
 Trainer::~Trainer() = default;
 
+void Trainer::register_hook(std::unique_ptr<Hook> hook) {
+  Hook* h = hook.get();
+  hooks_.push_back(std::move(hook));
+  const std::string name = h->state_name();
+  if (name.empty()) return;
+  registry_.add(
+      name, [h](torch::serialize::OutputArchive& a) { write_json(a, h->save_state()); },
+      [h, name](torch::serialize::InputArchive& a) { h->load_state(read_json(a, "checkpoint entry " + name)); },
+      /*required=*/false);
+}
+
+void Trainer::set_amp(AmpMode m) {
+  amp_ = m;
+  if (amp_ != AmpMode::fp16)
+    scaler_.reset();  // only fp16 scales its loss
+  else if (!scaler_)
+    scaler_ = std::make_unique<LossScaler>(device_);
+}
+
+bool Trainer::enable_amp() {
+  if (amp_ != AmpMode::off) return false;
+  set_amp(device_.is_cuda() ? AmpMode::fp16 : AmpMode::bf16);  // what train.amp: auto takes on CUDA
+  return true;
+}
+
 void Trainer::train() {
   start_ = std::chrono::steady_clock::now();
-  const int64_t nb = loader_->batches_per_epoch();
-  if (state_.batch >= nb) {  // saved after the epoch's last step: its epoch-end hooks already ran
-    ++state_.epoch;
-    state_.batch = 0;
-  }
   each_hook([&](Hook& h) { h.before_train(*this); });
-  const int64_t first_step = state_.step;
-  if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, state_.batch);
-  while (!state_.stop && state_.step < total_steps_) {
+  const int64_t nb = loader_->batches_per_epoch();
+  if (state_.batch >= nb)
+    end_epoch();  // the checkpoint was written after the epoch's last step, before its end
+  else
+    begin_epoch();
+  while (!state_.stop && state_.step < total_steps()) {
     run_step();
     each_hook([&](Hook& h) { h.after_step(*this); });
     if (state_.batch >= nb) end_epoch();
   }
-  if (!state_.stop && state_.batch > 0 && state_.step > first_step) end_epoch();  // train.steps ended inside an epoch
+  if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
   each_hook([&](Hook& h) { h.after_train(*this); });
+}
+
+void Trainer::begin_epoch() {
+  if (state_.stop || state_.step >= total_steps()) return;
+  each_hook([&](Hook& h) { h.before_epoch(*this); });
+  loader_->start(state_.epoch, state_.batch);
 }
 
 void Trainer::end_epoch() {
   each_hook([&](Hook& h) { h.after_epoch(*this); });
   ++state_.epoch;
-  state_.batch = 0;
+  state_.batch = 0;  // the epoch's end is done
   data_wait_ = 0;
-  if (state_.step < total_steps_ && !state_.stop) loader_->start(state_.epoch, 0);
+  begin_epoch();
 }
 
 void Trainer::run_step() {
   const auto t0 = std::chrono::steady_clock::now();
   each_hook([&](Hook& h) { h.before_step(*this); });
-  const int64_t nb = loader_->batches_per_epoch();
-  std::vector<data::HostBatch> batches;  // kept until the step succeeds: an OOM re-runs the same images
-  for (int64_t k = 0; k < accumulate_ && state_.batch + k < nb; ++k) {
-    std::optional<data::HostBatch> batch = loader_->next();
-    if (!batch)
-      throw Error("the loader ended epoch " + std::to_string(state_.epoch) + " early at batch " + std::to_string(state_.batch + k));
-    data_wait_ += batch->wait_seconds;
-    batches.push_back(std::move(*batch));
-  }
-  // What an attempt changes besides the gradients: BatchNorm statistics and the loss sums.
-  std::vector<at::Tensor> buffers;
-  const at::Tensor loss_sum = loss_sum_;
-  const int64_t micro_since_read = micro_since_read_;
-  for (;;) {
-    try {
-      if (buffers.empty()) {  // inside the try: the snapshot itself may hit the budget
-        at::NoGradGuard no_grad;
-        std::vector<at::Tensor> snapshot;
-        for (const auto& b : model_->buffers()) snapshot.push_back(b.clone());
-        buffers = std::move(snapshot);
-      }
-      step_on(batches);
-      break;
-    } catch (const c10::Error& e) {
-      if (!memory::is_out_of_memory(e)) throw;
-      undo_attempt(buffers, loss_sum, micro_since_read);
-      bool handled = false;
-      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e, OomSite::train_step); });
-      if (!handled)
-        throw Error("out of memory in optimizer step " + std::to_string(state_.step + 1) + " (micro-batch " +
-                    std::to_string(micro_batch()) + " at " + std::to_string(config_.data.imgsz) +
-                    " px); the last checkpoint is intact. Lower train.batch (accumulation keeps train.nominal_batch), "
-                    "use train.amp, memory.activation_checkpointing=stages, or leave memory.governor on. " +
-                    e.what_without_backtrace());
-    }
-  }
+  const std::vector<data::HostBatch> batches = next_batches();
+  if (monitor_) monitor_->reset_peak();
+  (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
+  if (monitor_) step_memory_ = monitor_->sample();  // host-side counters: no sync
   for (const auto& b : batches) state_.images += b.size();
   state_.batch += int64_t(batches.size());
   ++state_.step;
+  ++window_steps_;
+  if (counters_due()) read_counters();
   step_seconds_ = seconds_since(t0);
 }
 
-void Trainer::undo_attempt(const std::vector<at::Tensor>& buffers, const at::Tensor& loss_sum, int64_t micro_since_read) {
-  at::NoGradGuard no_grad;
-  optimizer_->zero_grad();
-  const std::vector<at::Tensor> live = model_->buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) live[i].copy_(buffers[i]);  // empty: the attempt failed before it changed any
-  loss_sum_ = loss_sum;
-  micro_since_read_ = micro_since_read;
+std::vector<data::HostBatch> Trainer::next_batches() {
+  const int64_t nb = loader_->batches_per_epoch();
+  std::vector<data::HostBatch> batches;  // kept until the step succeeds: a retry re-runs the same images
+  while (int64_t(batches.size()) < length_.accumulate && state_.batch + int64_t(batches.size()) < nb) {
+    std::optional<data::HostBatch> batch;
+    try {
+      batch = loader_->next();
+    } catch (const c10::Error& e) {
+      if (!is_out_of_memory(e)) throw;
+      bool handled = false;
+      each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e, OomSite::data); });
+      if (!handled)
+        throw Error("out of memory while the loader filled a batch (its prefetched batches count against the budget); the last "
+                    "checkpoint is intact. Lower data.prefetch or train.batch, or raise memory.budget. " +
+                    std::string(e.what_without_backtrace()));
+      continue;  // the loader queued the failed images again
+    }
+    if (!batch)
+      throw Error("the loader ended epoch " + std::to_string(state_.epoch) + " early at batch " +
+                  std::to_string(state_.batch + int64_t(batches.size())));
+    data_wait_ += batch->wait_seconds;
+    batches.push_back(std::move(*batch));
+  }
+  return batches;
 }
 
-int64_t Trainer::micro_batch() const {
-  const int64_t b = config_.train.batch;
-  return state_.micro_batch > 0 ? std::min(state_.micro_batch, b) : b;
-}
-
-void Trainer::set_activation_checkpointing(CheckpointMode mode) { model_->set_activation_checkpointing(mode); }
-
-bool Trainer::enable_amp() {
-  if (amp_ != AmpMode::off) return false;
-  Config c = config_;
-  c.train.amp = AmpMode::auto_;
-  const AmpMode m = device_.is_cuda() ? resolve_amp(c, device_) : AmpMode::bf16;
-  amp_ = m == AmpMode::off ? AmpMode::bf16 : m;
-  if (amp_ == AmpMode::fp16 && !scaler_) scaler_ = std::make_unique<LossScaler>(device_);
-  return true;
-}
-
-void Trainer::record_memory_decision(std::string action, std::string reason) {
-  spdlog::warn("memory governor, step {}: {} ({})", state_.step + 1, action, reason);
-  state_.memory_decisions.push_back(MemoryDecision{state_.step + 1, std::move(action), std::move(reason)});
-}
-
-void Trainer::step_on(const std::vector<data::HostBatch>& batches) {
+StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
+  StepInput in;
+  std::vector<at::Tensor> counts;
   for (const data::HostBatch& batch : batches) {
     // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
     // augmentation with per-image parameters drawn there (the same draws on a re-run).
-    at::Tensor x;  // [B, 3, S, S] float in [0, 1]
-    losses::Targets targets;
+    StepInput::Batch b;
     if (augmenter_) {
       const augment::Batch a = (*augmenter_)(batch, device_);
-      x = a.images;
-      targets = losses::make_targets(a.boxes, a.classes, a.crowd);
-      if (!first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
+      b.images = a.images;
+      b.targets = losses::make_targets(a.boxes, a.classes, a.crowd);
+      if (options_.keep_first_batch() && !first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
     } else {
-      x = eval::model_input(batch.images, device_);
-      targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
-      if (!first_batch_) first_batch_ = batch;
+      b.images = eval::model_input(batch.images, device_);
+      b.targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
+      if (options_.keep_first_batch() && !first_batch_) first_batch_ = batch;
     }
-    phase("input");
-    if (x.device() != device_ || targets.boxes.device() != device_)  // metadata only: no sync
-      throw DeviceError("the batch is on " + x.device().str() + ", the run trains on " + device_.str());
-    const int64_t n = x.size(0), m = micro_batch();
-    if (planner_ && model_->activation_checkpointing() != CheckpointMode::all) {
-      std::vector<bool> plan = planner_(x.size(2), std::min(m, n));
-      if (plan != plan_) {
-        model_->set_checkpointed_stages(plan);
-        plan_ = std::move(plan);
-      }
-    }
-    for (int64_t start = 0; start < n; start += m) {
-      const int64_t len = std::min(m, n - start);
-      const double weight = loss_->sums_over_images() ? 1.0 : double(len) / double(n);
-      if (len == n) {
-        forward_backward(x, targets, weight);
-      } else {
-        const losses::Targets part{targets.boxes.narrow(0, start, len), targets.classes.narrow(0, start, len),
-                                   targets.mask.narrow(0, start, len)};
-        forward_backward(x.narrow(0, start, len), part, weight);
-      }
-    }
+    if (b.images.device() != device_ || b.targets.boxes.device() != device_)  // metadata only: no sync
+      throw DeviceError("the batch is on " + b.images.device().str() + ", the run trains on " + device_.str());
+    const at::Tensor c = loss_->counts(b.targets, b.images.size(2), b.images.size(3));
+    if (c.defined()) counts.push_back(c);
+    in.images += b.images.size(0);
+    in.batches.push_back(std::move(b));
   }
-  optimizer_step();
-  phase("optimizer");
+  if (!counts.empty()) in.norm.counts = at::stack(counts).sum(0);  // the whole step's, before any backward
+  in.norm.images = in.images;
+  step_items_ = at::Tensor();
+  step_deferred_ = at::Tensor();
+  notify(StepPhase::input);
+  return in;
 }
 
-void Trainer::forward_backward(const at::Tensor& x, const losses::Targets& targets, double weight) {
+void Trainer::forward_backward(const StepInput& in, size_t batch, int64_t start, int64_t length) {
+  const StepInput::Batch& b = in.batches.at(batch);
+  const bool whole = start == 0 && length == b.images.size(0);
+  const at::Tensor x = whole ? b.images : b.images.narrow(0, start, length);
+  const losses::Targets targets = whole ? b.targets : b.targets.narrow(start, length);
   losses::LossTerms terms;
   {
     AutocastGuard autocast(device_.type(), amp_dtype(amp_));
     models::HeadOutputs out = model_->forward(x);
-    phase("forward");
+    notify(StepPhase::forward);
     for (auto& [name, levels] : out)  // the loss works in fp32 on the (autocast) head outputs
       for (auto& level : levels) level = level.to(at::kFloat);
-    terms = (*loss_)(out, targets);
+    terms = (*loss_)(out, targets, in.norm);
   }
-  phase("loss");
+  notify(StepPhase::loss);
   at::Tensor total = terms.total.to(at::kFloat);
-  if (weight != 1.0) total = total * weight;
+  if (terms.deferred.defined()) {
+    // A normaliser that needs the predictions: the accumulated gradients are kept divided by
+    // the step's total so far, and rescaled as this part adds to it (exact whatever the cut).
+    const at::Tensor before = step_deferred_.defined() ? step_deferred_.clamp_min(1) : at::Tensor();
+    step_deferred_ = step_deferred_.defined() ? step_deferred_ + terms.deferred : terms.deferred;
+    const at::Tensor now = step_deferred_.clamp_min(1);  // detached: a constant of the loss
+    const std::vector<at::Tensor> grads = optimizer_->grads();
+    if (before.defined() && !grads.empty()) {
+      at::NoGradGuard no_grad;
+      compat::foreach_mul_(grads, before / now);
+    }
+    total = total / now;
+  }
   (scaler_ ? scaler_->scale(total) : total).backward();
-  phase("backward");
-
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> items;
-  if (loss_names_.empty())
-    for (const auto& [name, v] : terms.items) loss_names_.push_back(name);
-  for (const auto& [name, v] : terms.items) items.push_back(v.detach().to(at::kFloat).reshape({}));
-  const at::Tensor stacked = at::stack(items);
-  loss_sum_ = loss_sum_.defined() ? loss_sum_ + stacked : stacked;
-  ++micro_since_read_;
+  notify(StepPhase::backward);
+  step_items_ = step_items_.defined() ? step_items_ + terms.items : terms.items;
 }
 
-void Trainer::optimizer_step() {
+void Trainer::update() {
   at::NoGradGuard no_grad;
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   const std::vector<at::Tensor> grads = optimizer_->grads();
-  at::Tensor found = scaler_ ? scaler_->unscale_(grads) : scalar_on(device_);
+  at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);
   const at::Tensor norm = grad_norm(grads);
-  found = at::maximum(found, at::logical_not(at::isfinite(norm)).to(at::kFloat).to(device_));
-  if (config_.train.clip_grad > 0) clip_grads_(grads, norm, config_.train.clip_grad);
-  optimizer_->step(found);
+  found = at::maximum(found, at::logical_not(at::isfinite(norm)).to(at::kFloat));
+  if (options_.clip_grad() > 0) clip_grads_(grads, norm, options_.clip_grad());
+  // The step's counters are made before anything is committed: an out-of-memory error up to the
+  // optimizer's commit leaves the run as it was, and the commits below allocate nothing.
+  at::Tensor terms = step_items_.defined() ? step_items_ : at::zeros({int64_t(loss_names_.size())}, fopt);
+  if (step_deferred_.defined()) terms = terms / step_deferred_.clamp_min(1);
+  const at::Tensor skipped = found > 0;
+  const at::Tensor loss_add = at::where(skipped, at::zeros({}, fopt), terms);  // a skipped step's losses are not counted
+  const at::Tensor finite = 1 - found;
+  const at::Tensor bad = (bad_run_ + found) * found;
+  const at::Tensor worst = at::maximum(worst_run_, bad);
+  optimizer_->step(found);  // atomic: an out-of-memory error inside leaves every group untouched
   if (scaler_) scaler_->update(found);
   optimizer_->zero_grad();
+  window_loss_.add_(loss_add);
+  window_finite_.add_(finite);
   skipped_.add_(found);
-  bad_run_.add_(found).mul_(found);
+  bad_run_.copy_(bad);
+  worst_run_.copy_(worst);
+  notify(StepPhase::update);
 }
 
-StepCounters& Trainer::read_counters() {
-  if (counters_step_ == state_.step) return counters_;
-  counters_step_ = state_.step;
-  std::vector<at::Tensor> parts = {skipped_.reshape({1}), bad_run_.reshape({1}),
-                                   scaler_ ? scaler_->scale_tensor().reshape({1}) : scalar_on(device_).reshape({1})};
-  if (loss_sum_.defined()) parts.push_back(loss_sum_ / double(std::max<int64_t>(micro_since_read_, 1)));
-  const at::Tensor host = at::cat(parts).cpu();  // the one host sync
+void Trainer::discard_gradients() {
+  optimizer_->zero_grad();
+  step_items_ = at::Tensor();
+  step_deferred_ = at::Tensor();
+}
+
+void Trainer::notify(StepPhase phase) {
+  each_hook([&](Hook& h) { h.after_phase(*this, phase); });
+}
+
+bool Trainer::counters_due() const {
+  return state_.step % options_.read_every() == 0 || state_.batch >= loader_->batches_per_epoch() ||
+         state_.step >= total_steps();
+}
+
+void Trainer::read_counters() {
+  // Gathered in place into a buffer made once: nothing is allocated on the device after the
+  // step has committed (an out-of-memory error here could not be undone).
+  readback_.narrow(0, 0, 1).copy_(skipped_.reshape({1}));
+  readback_.narrow(0, 1, 1).copy_(bad_run_.reshape({1}));
+  readback_.narrow(0, 2, 1).copy_(worst_run_.reshape({1}));
+  if (scaler_)
+    readback_.narrow(0, 3, 1).copy_(scaler_->scale_tensor().reshape({1}));
+  else
+    readback_.narrow(0, 3, 1).zero_();
+  readback_.narrow(0, 4, 1).copy_(window_finite_.reshape({1}));
+  readback_.narrow(0, 5, window_loss_.size(0)).copy_(window_loss_);
+  const at::Tensor host = readback_.cpu();  // the one host sync of the window
   const float* v = host.data_ptr<float>();
-  counters_.skipped_steps = v[0];
-  counters_.bad_run = v[1];
-  counters_.loss_scale = v[2];
-  counters_.micro_batches = micro_since_read_;
-  counters_.losses.clear();
-  if (loss_sum_.defined())
-    for (size_t i = 0; i < loss_names_.size(); ++i) counters_.losses.emplace_back(loss_names_[i], v[3 + i]);
-  loss_sum_ = at::Tensor();
-  micro_since_read_ = 0;
-  return counters_;
+  StepCounters c;
+  c.step = state_.step;
+  c.steps = window_steps_;
+  c.skipped_steps = v[0];
+  c.bad_run = v[1];
+  c.worst_bad_run = v[2];
+  c.loss_scale = v[3];
+  c.finite_steps = std::llround(v[4]);
+  for (size_t i = 0; i < loss_names_.size(); ++i) {
+    c.loss_sums.emplace_back(loss_names_[i], double(v[5 + i]));
+    c.losses.emplace_back(loss_names_[i], c.finite_steps > 0 ? double(v[5 + i]) / double(c.finite_steps) : NAN);
+  }
+  counters_ = std::move(c);
+  window_loss_.zero_();
+  window_finite_.zero_();
+  worst_run_.copy_(bad_run_);  // a run of bad steps that goes on counts whole in the next window
+  window_steps_ = 0;
 }
 
 std::optional<eval::CocoStats> Trainer::validate() {
   if (!val_split_) return std::nullopt;
-  models::DetectorImpl& m = eval_model();
+  if (!val_cache_) val_cache_ = data::open_cache(*val_split_, validation_.loader);  // decoded once per run, not per pass
   std::optional<eval::ValidationResult> r;
   while (!r) {
-    eval::ValidateOptions o = eval::validate_options(config_, *val_split_, m.info(), device_);
+    eval::ValidateOptions o = validation_;
+    o.cache = val_cache_;
     if (state_.val_batch > 0) o.loader.batch(int(std::min<int64_t>(state_.val_batch, o.loader.batch())));
     try {
-      r = eval::validate(m, val_split_, o);
+      r = eval::validate(eval_model(), val_split_, o);
     } catch (const c10::Error& e) {
-      if (!memory::is_out_of_memory(e)) throw;
+      if (!is_out_of_memory(e)) throw;
       if (state_.val_batch == 0) state_.val_batch = o.loader.batch();
       bool handled = false;
       each_hook([&](Hook& h) { handled = handled || h.on_oom(*this, e, OomSite::validation); });
       if (!handled)
-        throw Error("out of memory in validation (batch " + std::to_string(o.loader.batch()) + "); the last checkpoint is intact. " +
-                    e.what_without_backtrace());
+        throw Error((memory_failure(e) == MemoryFailure::library ? "a cuDNN error persists in validation (batch "
+                                                                  : "out of memory in validation (batch ") +
+                    std::to_string(o.loader.batch()) + "); the last checkpoint is intact. " + e.what_without_backtrace());
     }
   }
   last_metrics_ = r->stats;
@@ -335,175 +412,170 @@ std::optional<eval::CocoStats> Trainer::validate() {
   return r->stats;
 }
 
+void Trainer::register_state() {
+  registry_.add(
+      "progress",
+      [this](torch::serialize::OutputArchive& a) {
+        Json j = Json::object();
+        j["epoch"] = state_.epoch;
+        j["batch"] = state_.batch;
+        j["step"] = state_.step;
+        j["images"] = state_.images;
+        j["best_fitness"] = state_.best_fitness;
+        j["best_step"] = state_.best_step;
+        j["last_eval_step"] = state_.last_eval_step;
+        j["val_batch"] = state_.val_batch;
+        j["amp"] = to_string(amp_);
+        Json metrics = Json::array();  // the latest validation: an epoch end still to do reports it
+        if (last_metrics_)
+          for (double v : last_metrics_->stats) metrics.push_back(v);
+        j["last_metrics"] = std::move(metrics);
+        write_json(a, j);
+      },
+      [this](torch::serialize::InputArchive& a) {
+        const Json j = read_json(a, "checkpoint entry progress");
+        const auto num = [&](const char* k) { return int64_t(j.find(k)->as_number()); };
+        state_.epoch = num("epoch");
+        state_.batch = num("batch");
+        state_.step = num("step");
+        state_.images = num("images");
+        state_.best_fitness = j.find("best_fitness")->as_number();
+        state_.best_step = num("best_step");
+        state_.last_eval_step = num("last_eval_step");
+        state_.val_batch = num("val_batch");
+        const std::vector<Json>& metrics = j.find("last_metrics")->items();
+        last_metrics_.reset();
+        if (!metrics.empty()) {
+          last_metrics_.emplace();
+          for (size_t i = 0; i < metrics.size() && i < last_metrics_->stats.size(); ++i)
+            last_metrics_->stats[i] = metrics[i].is_number() ? metrics[i].as_number() : NAN;
+        }
+        // The rates of the last step taken, as a run that went through still has them (an epoch
+        // end that resumes first reports them).
+        schedule_->apply(*optimizer_, std::max<int64_t>(state_.step - 1, 0));
+        // The precision the run resolved (or the governor switched on) is part of the run: a
+        // resume on another device keeps it, or refuses when that device cannot run it.
+        set_amp(resolve_amp(amp_mode_from(j.find("amp")->as_string()), device_,
+                            "the checkpoint's run trains with amp " + j.find("amp")->as_string() + ", which it keeps on resume"));
+      });
+  registry_.add(
+      "model", [this](torch::serialize::OutputArchive& a) { model_->save(a); },
+      [this](torch::serialize::InputArchive& a) {
+        at::NoGradGuard no_grad;
+        model_->load(a);
+        model_->train();
+      });
+  registry_.add(
+      "optimizer", [this](torch::serialize::OutputArchive& a) { optimizer_->save(a); },
+      [this](torch::serialize::InputArchive& a) { optimizer_->load(a); });
+  if (ema_)
+    registry_.add(
+        "ema", [this](torch::serialize::OutputArchive& a) { ema_->save(a); }, [this](torch::serialize::InputArchive& a) { ema_->load(a); });
+  registry_.add(
+      "scaler",
+      [this](torch::serialize::OutputArchive& a) {
+        if (scaler_) scaler_->save(a);
+      },
+      [this](torch::serialize::InputArchive& a) {
+        at::Tensor probe;
+        if (scaler_ && a.try_read("scale", probe, /*is_buffer=*/true)) scaler_->load(a);
+      });
+  registry_.add(
+      "rng",
+      [this](torch::serialize::OutputArchive& a) {
+        a.write("cpu", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+        if (device_.is_cuda()) a.write("cuda", at::globalContext().defaultGenerator(device_).get_state(), true);
+      },
+      [this](torch::serialize::InputArchive& a) {
+        at::Tensor rng;
+        a.read("cpu", rng, true);
+        at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
+        cpu_gen.set_state(rng.cpu());
+        if (device_.is_cuda() && a.try_read("cuda", rng, true)) {
+          at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
+          cuda_gen.set_state(rng.cpu());
+        }
+      });
+  registry_.add(
+      "counters",
+      [this](torch::serialize::OutputArchive& a) {
+        a.write("window_loss", window_loss_, true);
+        a.write("window_finite", window_finite_, true);
+        a.write("skipped", skipped_, true);
+        a.write("bad_run", bad_run_, true);
+        a.write("worst_run", worst_run_, true);
+        Json j = Json::object();
+        j["window_steps"] = window_steps_;
+        Json last = Json::object();  // the latest read: what hooks report until the next one
+        last["step"] = counters_.step;
+        last["steps"] = counters_.steps;
+        last["finite_steps"] = counters_.finite_steps;
+        last["skipped_steps"] = counters_.skipped_steps;
+        last["bad_run"] = counters_.bad_run;
+        last["worst_bad_run"] = counters_.worst_bad_run;
+        last["loss_scale"] = counters_.loss_scale;
+        Json sums = Json::array();
+        for (const auto& [name, v] : counters_.loss_sums) sums.push_back(v);
+        last["loss_sums"] = std::move(sums);
+        j["last_read"] = std::move(last);
+        write_json(a, j);
+      },
+      [this](torch::serialize::InputArchive& a) {
+        at::NoGradGuard no_grad;
+        for (auto& [key, into] : std::vector<std::pair<const char*, at::Tensor*>>{{"window_loss", &window_loss_},
+                                                                                   {"window_finite", &window_finite_},
+                                                                                   {"skipped", &skipped_},
+                                                                                   {"bad_run", &bad_run_},
+                                                                                   {"worst_run", &worst_run_}}) {
+          at::Tensor t;
+          a.read(key, t, true);
+          into->copy_(t);
+        }
+        const Json j = read_json(a, "checkpoint entry counters");
+        window_steps_ = int64_t(j.find("window_steps")->as_number());
+        const Json& last = *j.find("last_read");
+        StepCounters c;
+        c.step = int64_t(last.find("step")->as_number());
+        c.steps = int64_t(last.find("steps")->as_number());
+        c.finite_steps = int64_t(last.find("finite_steps")->as_number());
+        c.skipped_steps = last.find("skipped_steps")->as_number();
+        c.bad_run = last.find("bad_run")->as_number();
+        c.worst_bad_run = last.find("worst_bad_run")->as_number();
+        c.loss_scale = last.find("loss_scale")->as_number();
+        const std::vector<Json>& sums = last.find("loss_sums")->items();
+        for (size_t i = 0; i < sums.size() && i < loss_names_.size(); ++i) {
+          c.loss_sums.emplace_back(loss_names_[i], sums[i].as_number());
+          c.losses.emplace_back(loss_names_[i], c.finite_steps > 0 ? sums[i].as_number() / double(c.finite_steps) : NAN);
+        }
+        counters_ = std::move(c);
+      });
+}
+
 void Trainer::save_checkpoint(const std::string& path) {
   at::NoGradGuard no_grad;
   fs::create_directories(fs::path(path).parent_path());
-  torch::serialize::OutputArchive root;
+  torch::serialize::OutputArchive root, state;
   models::write_weights(eval_model(), models::WeightsInfo{train_split_->names, train_split_->category_ids}, root);
-  torch::serialize::OutputArchive ck, model, optim;
-  model_->save(model);
-  ck.write("model", model);
-  optimizer_->save(optim);
-  ck.write("optimizer", optim);
-  if (ema_) {
-    torch::serialize::OutputArchive e;
-    ema_->save(e);
-    ck.write("ema", e);
-  }
-  if (scaler_) {
-    torch::serialize::OutputArchive s;
-    scaler_->save(s);
-    ck.write("scaler", s);
-  }
-  ck.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
-  if (device_.is_cuda()) ck.write("rng_cuda", at::globalContext().defaultGenerator(device_).get_state(), true);
-  ck.write("counters", at::stack({skipped_, bad_run_}), true);
+  registry_.save(state);
+  root.write("checkpoint", state);
   Json meta = Json::object();
   meta["format"] = kCheckpointFormat;
   meta["epoch"] = state_.epoch;
   meta["batch"] = state_.batch;
   meta["step"] = state_.step;
-  meta["images"] = state_.images;
-  meta["best_fitness"] = state_.best_fitness;
-  meta["best_step"] = state_.best_step;
-  meta["last_eval_step"] = state_.last_eval_step;
-  meta["total_steps"] = total_steps_;
-  meta["shuffle_seed"] = config_.seed;
-  meta["config"] = config_to_yaml(config_);
-  Json mem = Json::object();
-  mem["micro_batch"] = state_.micro_batch;
-  mem["val_batch"] = state_.val_batch;
-  mem["activation_checkpointing"] = to_string(model_->activation_checkpointing());
-  mem["amp"] = to_string(amp_);
-  Json decisions = Json::array();
-  for (const auto& d : state_.memory_decisions) {
-    Json j = Json::object();
-    j["step"] = d.step;
-    j["action"] = d.action;
-    j["reason"] = d.reason;
-    decisions.push_back(std::move(j));
-  }
-  mem["decisions"] = std::move(decisions);
-  meta["memory"] = std::move(mem);
-  ck.write("meta", c10::IValue(meta.dump()));
-  root.write("checkpoint", ck);
-  models::save_archive_atomic(root, path);
+  meta["total_steps"] = total_steps();
+  meta["config"] = options_.config_yaml();
+  models::save_archive_atomic(root, path, meta.dump());  // streamed: no copy of the archive in memory
 }
-
-namespace {
-
-// Opens a checkpoint and returns its training part; InputError naming the file otherwise.
-torch::serialize::InputArchive open_checkpoint(const std::string& path, c10::Device device, torch::serialize::InputArchive& root,
-                                               Json& meta) {
-  models::load_archive_verified(root, path, device, "checkpoint");
-  torch::serialize::InputArchive ck;
-  try {
-    if (!root.try_read("checkpoint", ck))
-      throw InputError(path + ": a weights file without training state; start a new run from it with model.init_from=" + path);
-    c10::IValue m;
-    ck.read("meta", m);
-    meta = Json::parse(m.toStringRef(), path);
-  } catch (const c10::Error& e) {
-    throw InputError(path + ": cannot read the checkpoint: " + e.what_without_backtrace());
-  }
-  const Json* format = meta.find("format");
-  if (!format || format->as_number() != kCheckpointFormat)
-    throw InputError(path + ": checkpoint format not supported by this Headroom");
-  return ck;
-}
-
-int64_t meta_int(const Json& meta, const char* key) { return static_cast<int64_t>(meta.find(key)->as_number()); }
-
-}  // namespace
 
 void Trainer::load_checkpoint(const std::string& path) {
   at::NoGradGuard no_grad;
-  torch::serialize::InputArchive root;
-  Json meta;
-  torch::serialize::InputArchive ck = open_checkpoint(path, device_, root, meta);
-  if (const Json* mem = meta.find("memory")) restore_memory_state(*mem);
-  try {
-    torch::serialize::InputArchive model, optim;
-    ck.read("model", model);
-    model_->load(model);
-    ck.read("optimizer", optim);
-    optimizer_->load(optim);
-    torch::serialize::InputArchive e, s;
-    if (ema_ && ck.try_read("ema", e)) ema_->load(e);
-    if (scaler_ && ck.try_read("scaler", s)) scaler_->load(s);
-    at::Tensor rng, counters;
-    ck.read("rng_cpu", rng, true);
-    at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
-    cpu_gen.set_state(rng.cpu());
-    if (device_.is_cuda() && ck.try_read("rng_cuda", rng, true)) {
-      at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
-      cuda_gen.set_state(rng.cpu());
-    }
-    ck.read("counters", counters, true);
-    skipped_.copy_(counters[0]);
-    bad_run_.copy_(counters[1]);
-  } catch (const c10::Error& e) {
-    throw InputError(path + ": the checkpoint does not fit this model and optimizer (another architecture, class count or "
-                     "optimizer?): " + e.what_without_backtrace());
-  }
-  state_.epoch = meta_int(meta, "epoch");
-  state_.batch = meta_int(meta, "batch");
-  state_.step = meta_int(meta, "step");
-  state_.images = meta_int(meta, "images");
-  state_.best_fitness = meta.find("best_fitness")->as_number();
-  state_.best_step = meta_int(meta, "best_step");
-  state_.last_eval_step = meta_int(meta, "last_eval_step");
-  model_->train();
-  spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps_);
-}
-
-void Trainer::restore_memory_state(const Json& mem) {
-  state_.micro_batch = int64_t(mem.find("micro_batch")->as_number());
-  state_.val_batch = int64_t(mem.find("val_batch")->as_number());
-  const std::string ckpt = mem.find("activation_checkpointing")->as_string(), amp = mem.find("amp")->as_string();
-  for (CheckpointMode m : {CheckpointMode::off, CheckpointMode::stages, CheckpointMode::all})
-    if (ckpt == to_string(m) && m != model_->activation_checkpointing()) model_->set_activation_checkpointing(m);
-  if (amp != to_string(amp_)) enable_amp();
-  state_.memory_decisions.clear();
-  for (const Json& d : mem.find("decisions")->items())
-    state_.memory_decisions.push_back(
-        MemoryDecision{int64_t(d.find("step")->as_number()), d.find("action")->as_string(), d.find("reason")->as_string()});
-  if (!state_.memory_decisions.empty())
-    spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, activation checkpointing {}, amp {}",
-                 state_.memory_decisions.size(), micro_batch(), ckpt, to_string(amp_));
-}
-
-std::string checkpoint_config_yaml(const std::string& path) {
-  torch::serialize::InputArchive root;
-  Json meta;
-  open_checkpoint(path, c10::Device(c10::kCPU), root, meta);
-  return meta.find("config")->as_string();
-}
-
-std::string find_resume_checkpoint(const std::string& project, const std::string& name) {
-  std::vector<std::pair<fs::file_time_type, std::string>> found;
-  std::error_code ec;
-  const std::regex run_name(std::regex_replace(name, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "[0-9]*");
-  for (const auto& dir : fs::directory_iterator(project, ec)) {
-    if (!dir.is_directory() || !std::regex_match(dir.path().filename().string(), run_name)) continue;
-    for (const auto& f : fs::directory_iterator(dir.path() / "weights", ec)) {
-      const std::string file = f.path().filename().string();
-      if (file == "last.pt" || (file.rfind("step_", 0) == 0 && f.path().extension() == ".pt"))
-        found.emplace_back(fs::last_write_time(f.path()), f.path().string());
-    }
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [time, path] : found) {
-    try {
-      torch::serialize::InputArchive root;
-      Json meta;
-      open_checkpoint(path, c10::Device(c10::kCPU), root, meta);
-      return path;
-    } catch (const InputError& e) {
-      spdlog::warn("resume: refusing {}", e.what());
-    }
-  }
-  return "";
+  torch::serialize::InputArchive root, state;
+  load_checkpoint_archive(path, device_, root);
+  if (!root.try_read("checkpoint", state))
+    throw InputError(path + ": a weights file without training state; start a new run from it with model.init_from=" + path);
+  registry_.load(state, path);
+  spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps());
 }
 
 std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path) {
@@ -540,17 +612,5 @@ std::vector<std::string> init_from_weights(models::DetectorImpl& model, const st
   if (loaded == 0) throw InputError(path + ": model.init_from: no tensor of this model is in the file (another architecture?)");
   return skipped;
 }
-
-namespace {
-std::atomic<bool> g_interrupt{false};
-extern "C" void on_sigint(int) {
-  g_interrupt.store(true);
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
-}
-}  // namespace
-
-void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
-bool interrupt_requested() { return g_interrupt.load(); }
-void request_interrupt() { g_interrupt.store(true); }
 
 }  // namespace headroom::train

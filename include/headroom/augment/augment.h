@@ -10,6 +10,7 @@
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/arg.h>
 
 #include <cstdint>
 
@@ -100,11 +101,19 @@ at::Tensor shift_hsv_reference(const at::Tensor& x, const at::Tensor& hue_shift,
 // The whole transform. max_boxes bounds the rows kept per image (valid rows first, padding -1).
 Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t max_boxes);
 
-// The trainer's entry point: the options, the run's seed, the model's input multiple (for
-// multi-scale sizes) and the epoch count (for close_mosaic).
+struct AugmenterOptions {
+  TORCH_ARG(AugmentOptions, policy) = {};   // what to draw, in either vocabulary
+  TORCH_ARG(int64_t, seed) = 0;             // the run's: draws are a hash of (seed, epoch, image, slot)
+  TORCH_ARG(int64_t, input_multiple) = 32;  // multi-scale sizes are multiples of the model's
+  TORCH_ARG(int64_t, epochs) = 1;           // the run's, for close_mosaic (the last epochs)
+};
+// The augment section and the seed, with what the model and the run's length decide.
+AugmenterOptions augmenter_options(const Config& c, int64_t input_multiple, int64_t epochs);
+
+// The trainer's entry point.
 class Augmenter {
  public:
-  Augmenter(AugmentOptions o, int64_t seed, int64_t input_multiple, int64_t epochs);
+  explicit Augmenter(AugmenterOptions o);
 
   // Output side of a batch: the input side, or a multi-scale size drawn per (epoch, batch).
   int64_t output_size(int64_t in_size, int64_t epoch, int64_t batch_index) const;

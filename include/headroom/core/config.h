@@ -12,17 +12,9 @@
 
 namespace headroom {
 
-enum class CacheMode { none, ram, disk };
-enum class OnError { skip, fail };
-// memory.activation_checkpointing: which segments are recomputed in backward.
-//   stages: coarse (YOLO: backbone and neck stages; Hourglass: one segment per stack)
-//   all:    fine (YOLO: every layer with parameters; Hourglass: every block sequence of every level)
-enum class CheckpointMode { off, stages, all, auto_ };
-enum class OptimizerKind { sgd, adam, adamw };
-// linear / cosine: from lr0 to lr0 * lrf over the run; manual: TF OD API manual_step_learning_rate.
-enum class LrSchedule { linear, cosine, manual };
-// auto: fp16 on CUDA, off on the CPU.
-enum class AmpMode { auto_, off, fp16, bf16 };
+// Enumerated keys hold their word ("ram", "adamw", "bf16"): the schema checks it against the
+// allowed words, and the subsystem that owns the vocabulary turns it into its own enum in its
+// options adapter (data::CacheMode in loader_options, train::AmpMode in trainer_options, ...).
 
 // An integer setting that may be "auto", resolved where the run knows the machine.
 struct AutoInt {
@@ -36,8 +28,8 @@ struct DataConfig {
   int imgsz = 640;                  // square canvas the loader letterboxes into
   AutoInt workers;                  // decode threads; auto = min(cores, 8); 0 = caller's thread
   int prefetch = 4;                 // decoded batches kept ready ahead of the consumer
-  CacheMode cache = CacheMode::none;
-  OnError on_error = OnError::skip;
+  std::string cache = "none";       // none | ram | disk (data::CacheMode)
+  std::string on_error = "skip";    // skip | fail (data::OnError)
   int64_t max_pixels = 89478485;    // decompression-bomb limit (PIL's default)
 };
 
@@ -115,7 +107,7 @@ struct MemoryBudgetSpec {
 };
 
 struct MemoryConfig {
-  CheckpointMode activation_checkpointing = CheckpointMode::off;
+  std::string activation_checkpointing = "off";  // off | stages | all | auto (recompute in backward)
   MemoryBudgetSpec budget;
   double headroom = 0.10;            // share of the budget kept free (fragmentation, crowded batches)
   bool governor = true;              // recover from out-of-memory errors by splitting the batch further
@@ -160,19 +152,19 @@ struct TrainConfig {
   int nominal_batch = 64;           // images summed per optimizer step (accumulation)
   int epochs = 100;
   int64_t steps = 0;                // optimizer steps; > 0 overrides epochs (TF OD API num_steps)
-  OptimizerKind optimizer = OptimizerKind::sgd;
+  std::string optimizer = "sgd";    // sgd | adam | adamw
   double lr0 = 0.01;
   double lrf = 0.01;
   double momentum = 0.937;          // SGD momentum, Adam beta1
   bool nesterov = true;
   double weight_decay = 5e-4;       // scaled by batch * accumulate / nominal_batch, as Ultralytics
-  LrSchedule schedule = LrSchedule::linear;
+  std::string schedule = "linear";  // linear | cosine | manual
   std::vector<int64_t> lr_steps;    // manual: optimizer steps where the rate changes
   std::vector<double> lr_values;    // manual: the rate from each of those steps on
   double warmup_epochs = 3.0;       // at least 100 iterations when > 0
   double warmup_momentum = 0.8;
   double warmup_bias_lr = 0.1;
-  AmpMode amp = AmpMode::auto_;
+  std::string amp = "auto";         // auto | off | fp16 | bf16
   bool ema = true;
   double ema_decay = 0.9999;
   double ema_tau = 2000;
@@ -232,12 +224,5 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The resolved configuration, every key, as YAML that load_config reads back unchanged.
 std::string config_to_yaml(const Config& c);
 Json config_to_json(const Config& c);
-
-const char* to_string(CacheMode m);
-const char* to_string(OnError e);
-const char* to_string(CheckpointMode m);
-const char* to_string(OptimizerKind k);
-const char* to_string(LrSchedule s);
-const char* to_string(AmpMode m);
 
 }  // namespace headroom

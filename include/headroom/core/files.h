@@ -1,13 +1,36 @@
 // File helpers with the guarantees the rest relies on: whole-or-nothing writes.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace headroom {
 
-// Writes `contents` to a temporary file in the same folder, fsyncs it, renames it over `path`
-// and fsyncs the folder: readers see the old file or the new one, never a torn one.
+// A file written whole or not at all, streamed: bytes go to a temporary file in the target's
+// folder; commit() fsyncs it, renames it over the target and fsyncs the folder, so readers see
+// the old file or the new one, never a torn one. Destroyed without commit (an exception while
+// writing), the temporary file is removed and the target is untouched.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t size);  // Error naming the target when the disk refuses
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  void discard();
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// The same for contents already in memory.
 void write_file_atomic(const std::string& path, const std::string& contents);
+
+// A copy of `from` at `to`, streamed, whole or not at all.
+void copy_file_atomic(const std::string& from, const std::string& to);
 
 // The whole file; throws InputError naming the file when it cannot be read.
 std::string read_file(const std::string& path);

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <utility>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,5 +30,20 @@ std::optional<double> parse_bytes(std::string_view s);
 
 // "1.5 GiB", "512 B": binary units, 3 significant digits.
 std::string format_bytes(double bytes);
+
+// A subsystem's enum and its config words, in one table per enum ({"ram", CacheMode::ram}, ...).
+// The schema has already checked the word, so an unknown one is a bug (std::logic_error).
+template <class E, size_t N>
+E enum_from_word(const std::string& word, const std::pair<const char*, E> (&table)[N]) {
+  for (const auto& [w, e] : table)
+    if (word == w) return e;
+  throw std::logic_error("unknown word '" + word + "' for this setting");
+}
+template <class E, size_t N>
+const char* enum_word(E e, const std::pair<const char*, E> (&table)[N]) {
+  for (const auto& [w, v] : table)
+    if (v == e) return w;
+  return "?";
+}
 
 }  // namespace headroom

@@ -2,6 +2,7 @@
 // header; tests/test_torch_compat.cpp holds each wrapper to its behaviour on the build's version.
 #pragma once
 
+#include <ATen/Functions.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
@@ -66,6 +67,16 @@ inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
     at::autocast::set_autocast_cpu_dtype(dtype);
   else
     at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
+// Multiplies every tensor in place by a one-element tensor on their device, without reading it
+// on the host: one multi-tensor kernel from 2.1 on, a loop before (1.13 here is CPU only).
+inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
+#if HEADROOM_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(tensors, factor);
+#else
+  for (const auto& t : tensors) t.mul_(factor);
 #endif
 }
 

@@ -22,6 +22,8 @@ struct HostBatch {
   at::Tensor classes;  // [B, N] int64; -1 in padding rows
   at::Tensor crowd;    // [B, N] bool; COCO iscrowd (evaluation only)
   at::Tensor counts;   // [B] int64 boxes per image
+  at::Tensor sample_ids;  // [B] int64: meta[b].index, as a tensor for the device
+  at::Tensor content;     // [B, 4] float xyxy canvas pixels where the image lies (its letterbox)
   std::vector<ImageMeta> meta;
   int64_t epoch = 0;
   int64_t index = 0;          // batch index within the epoch
@@ -30,7 +32,9 @@ struct HostBatch {
   int64_t size() const { return static_cast<int64_t>(meta.size()); }
 };
 
-// Builds the box tensors from per-image lists (N = the largest count, 0 when none has boxes).
-void collate_boxes(HostBatch& batch, const std::vector<ItemBoxes>& items, bool pin_memory);
+// Builds the box tensors from per-image lists (N = the largest count, 0 when none has boxes) and
+// the per-image tensors from `meta`, all on the host (pinned for CUDA runs, so the step copies
+// them without blocking).
+void collate(HostBatch& batch, const std::vector<ItemBoxes>& items, bool pin_memory);
 
 }  // namespace headroom::data

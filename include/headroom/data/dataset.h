@@ -69,6 +69,14 @@ struct DataSpec {
 // Parses the data YAML; InputError with file:line for anything malformed.
 DataSpec read_data_yaml(const std::string& path);
 
+// data.on_error: a file that cannot be used is skipped with a warning, or stops the run.
+enum class OnError { skip, fail };
+OnError on_error_from(const std::string& word);
+// data.cache: decoded canvases kept in RAM, in a disk shard, or not at all.
+enum class CacheMode { none, ram, disk };
+CacheMode cache_mode_from(const std::string& word);
+const char* to_string(CacheMode m);
+
 struct ScanOptions {
   int64_t max_pixels = 89478485;
   OnError on_error = OnError::skip;

@@ -40,5 +40,7 @@ ItemBoxes boxes_in_canvas(const Sample& s, const Letterbox& g);
 // Reads, decodes (JPEG at the smallest sufficient DCT scale) and letterboxes one sample into
 // `chw` = [3, canvas, canvas]. Throws ImageError naming the file.
 void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw);
+// How many images decode_into_canvas has decoded in this process (loaders and caches together).
+int64_t canvases_decoded();
 
 }  // namespace headroom::data

@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,10 @@ struct LoaderOptions {
 // device is CUDA.
 LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory);
 
+// The decoded cache the options ask for (null for none, or when it cannot be made: the cache
+// says why); a Loader opens it itself unless it is given one.
+std::shared_ptr<const DecodedCache> open_cache(const Split& split, const LoaderOptions& o);
+
 struct LoaderStats {
   int64_t batches = 0;
   double wait_seconds = 0;      // consumer time blocked in next()
@@ -50,14 +55,20 @@ struct LoaderStats {
   int64_t images = 0;           // slots filled
 };
 
+// An out-of-memory error while a decode thread fills a batch (a CPU budget counts the loader's
+// buffers) reaches the consumer from next(); the failed image slots are queued again, so calling
+// next() once memory is freed continues with the same batch. Other errors end the epoch's work.
 class Loader {
  public:
-  Loader(std::shared_ptr<const Split> split, LoaderOptions options);
+  // `cache`: a decoded cache of this split already open (validation reuses one across passes);
+  // null = open one when options.cache() asks for it.
+  Loader(std::shared_ptr<const Split> split, LoaderOptions options, std::shared_ptr<const DecodedCache> cache = nullptr);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
   int64_t batches_per_epoch() const;
+  static int64_t batches_in(int64_t images, int64_t batch, bool drop_last);
   // Positions the loader at batch `batch` of `epoch` and starts decoding from there.
   void start(int64_t epoch, int64_t batch = 0);
   // The next batch of the current epoch, or nullopt at its end.
@@ -67,7 +78,7 @@ class Loader {
   LoaderStats stats() const;
   // Decode threads from the next start() on (data.workers: auto adjusts them between epochs).
   void set_workers(int workers) { options_.workers(workers); }
-  const DecodedCache* cache() const { return cache_.get(); }
+  const std::shared_ptr<const DecodedCache>& cache() const { return cache_; }
   // The epoch's order of sample indices (a fresh shuffle per epoch, from the seed).
   static std::vector<int64_t> epoch_order(int64_t n, int64_t seed, int64_t epoch, bool shuffle);
 
@@ -81,6 +92,8 @@ class Loader {
 
   void stop_workers();
   void worker_loop();
+  // Hands the failed slots of an out-of-memory error back to the workers; requires mutex_.
+  void requeue_failed();
   // Fills slot `slot` of `batch` (in `p`) from order position `pos`, skipping undecodable images.
   void fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos);
   Pending& pending_for(int64_t batch);  // requires mutex_
@@ -88,7 +101,7 @@ class Loader {
 
   std::shared_ptr<const Split> split_;
   LoaderOptions options_;
-  std::unique_ptr<DecodedCache> cache_;
+  std::shared_ptr<const DecodedCache> cache_;
 
   std::vector<int64_t> order_;
   int64_t epoch_ = 0;
@@ -100,6 +113,9 @@ class Loader {
   std::condition_variable work_cv_, ready_cv_;
   std::map<int64_t, Pending> pending_;
   std::exception_ptr error_;
+  bool error_is_oom_ = false;
+  std::vector<int64_t> failed_;   // slots (batch * B + slot) whose filling ran out of memory
+  std::deque<int64_t> retry_;     // ... queued again, taken before new work
   bool stop_ = false;
   bool started_ = false;
   std::vector<std::thread> workers_;

@@ -20,6 +20,7 @@ namespace headroom::eval {
 
 struct ValidateOptions {
   data::LoaderOptions loader;
+  std::shared_ptr<const data::DecodedCache> cache;  // a decoded cache of the split kept across passes; null = the loader's own
   DecodeOptions decode;
   c10::Device device = c10::Device(c10::kCPU);
 };
@@ -37,6 +38,8 @@ struct ValidationResult {
   double seconds = 0;
 };
 
+// Puts the model in eval mode for the pass and back in the mode it was in afterwards, also when
+// the pass fails (an out-of-memory error the caller recovers from).
 ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<const data::Split>& split, const ValidateOptions& o);
 
 // A split's boxes as COCO ground truth: image ids are the COCO ones, or the sample index for

@@ -25,8 +25,9 @@ CenterNetTargets centernet_targets(const at::Tensor& boxes, const at::Tensor& cl
                                    int64_t height, int64_t width, int64_t stride, double min_overlap,
                                    int64_t chunk_elements = 1 << 24);
 
-// Penalty-reduced pixel-wise focal loss (alpha 2, beta 4) of heatmap logits, normalised by the
-// number of centres (1 when there are none).
+// Penalty-reduced pixel-wise focal loss (alpha 2, beta 4) of heatmap logits, summed; and the
+// same normalised by the number of centres (1 when there are none), as the reference.
+at::Tensor centernet_focal_sum(const at::Tensor& logits, const at::Tensor& target);
 at::Tensor centernet_focal_loss(const at::Tensor& logits, const at::Tensor& target);
 
 }  // namespace headroom::losses

@@ -31,10 +31,11 @@ class CountingCpuAllocator final : public c10::Allocator {
   // 0 = no limit. An allocation that would take `current` above the limit throws.
   void set_limit(int64_t bytes) { limit_.store(bytes); }
   int64_t limit() const { return limit_.load(); }
-  // Fault injection: the n-th allocation from now made by the calling thread throws
+  // Fault injection: the n-th allocation from now made by the calling thread (or, with
+  // `other_threads`, by any thread but the caller: a loader's decode threads) throws
   // c10::OutOfMemoryError, once (0 disarms). Tests and benchmarks use it to strike an OOM at
   // an exact point of a step.
-  void inject_oom_after(int64_t n);
+  void inject_oom_after(int64_t n, bool other_threads = false);
 
  private:
   CountingCpuAllocator() = default;
@@ -44,6 +45,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::atomic<int64_t> limit_{0};
   mutable std::atomic<int64_t> inject_countdown_{0};
   std::atomic<std::thread::id> inject_thread_{};
+  std::atomic<bool> inject_other_{false};
 };
 
 }  // namespace headroom::memory

@@ -23,14 +23,14 @@ namespace headroom::memory {
 struct StageBytes {
   std::string name;          // "rows 2-3 C2f.. (stride 4)"
   double per_image = 0;      // activation bytes it keeps for backward, per image
-  double seconds_per_image = 0;  // its forward time (what checkpointing it costs again in backward)
+  double seconds_per_image = 0;  // its forward time (what recomputing it costs again in backward)
 };
 
-// One precision / checkpointing setting, probed at two batch sizes.
+// One precision / recompute setting, probed at two batch sizes.
 struct ModeEstimate {
-  std::string name;          // "fp32", "amp bf16", "amp bf16 + checkpointing"
-  AmpMode amp = AmpMode::off;
-  CheckpointMode checkpointing = CheckpointMode::off;
+  std::string name;          // "fp32", "amp bf16", "amp bf16 + recompute all"
+  train::AmpMode amp = train::AmpMode::off;
+  models::RecomputeMode recompute = models::RecomputeMode::off;
   bool configured = false;   // the setting the config asks for
   std::vector<std::pair<int64_t, int64_t>> probes;  // (batch, measured step peak)
   // The step's peak is the larger of two phases: forward + loss + backward, linear in the batch
@@ -64,8 +64,12 @@ struct MemoryEstimate {
   // A mode at another input side: activations scale with the area.
   ModeEstimate at_size(const ModeEstimate& m, int64_t size) const;
   int64_t input_buffers(int64_t batch) const;
+  // The step's other loader batches, augmented on the device and held while one runs: a step
+  // counts its loss normalisers over all of them before the first backward.
+  int64_t step_inputs(int64_t batch) const;
   // The peak of a training step at `batch`: the larger phase, plus the gradients the earlier
-  // micro-batches of an accumulating step keep, the input buffers and the allocator's overhead.
+  // micro-batches of an accumulating step keep and its other batches' inputs, the input buffers
+  // and the allocator's overhead.
   // `savings`: activation bytes a checkpoint plan frees from the forward/backward phase.
   int64_t predicted_peak(const ModeEstimate& m, int64_t batch, double savings = 0) const;
   int64_t predicted_peak(int64_t batch) const { return predicted_peak(configured(), batch); }
@@ -78,7 +82,7 @@ struct EstimateOptions {
   // Two batch sizes; empty = half the configured batch and the configured batch (1 and 2 for a
   // batch of 1), where the line is fitted closest to the batch that matters.
   TORCH_ARG(std::vector<int64_t>, probe_batches) = std::vector<int64_t>{};
-  TORCH_ARG(bool, all_modes) = true;   // fp32, AMP, AMP + checkpointing; false = the configured one only
+  TORCH_ARG(bool, all_modes) = true;   // fp32, AMP, AMP + recompute; false = the configured one only
 };
 
 // Probes on `device` (the monitor's). The budget is enforced during the probes.
@@ -98,33 +102,33 @@ struct AutoBatch {
 AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget);
 
 // memory.activation_checkpointing: auto. From the per-stage activation bytes with and without
-// checkpointing and each stage's forward time, the plan for an input size and micro-batch is the
+// recompute and each stage's forward time, the plan for an input size and micro-batch is the
 // set of stages — best bytes saved per second of recompute first — that brings the predicted peak
 // under budget - headroom, and no more. Activations scale with the input area, so one probe at the
 // largest size serves every multi-scale size; plans are cached per (size, micro-batch).
 struct StagePlan {
-  std::vector<bool> checkpointed;  // per stage
+  std::vector<bool> recomputed;    // per stage
   int64_t predicted_peak = 0;
-  bool fits = true;                // false: even every stage checkpointed is predicted over budget
+  bool fits = true;                // false: even every stage recomputed is predicted over budget
   double recompute_seconds = 0;      // extra forward time per step of this plan
-  double recompute_all_seconds = 0;  // ... of checkpointing every stage
-  double step_seconds = 0;           // the micro-batch's step time without checkpointing
+  double recompute_all_seconds = 0;  // ... of recomputing every stage
+  double step_seconds = 0;           // the micro-batch's step time without recompute
 };
 
-class CheckpointPlanner {
+class RecomputePlanner {
  public:
-  CheckpointPlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate checkpointed);
+  RecomputePlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate recomputed);
   const StagePlan& plan(int64_t size, int64_t micro_batch);
   std::string describe(const StagePlan& p, int64_t size, int64_t micro_batch) const;
   const MemoryEstimate& estimate() const { return e_; }
 
  private:
   MemoryEstimate e_;
-  ModeEstimate plain_, checkpointed_;
+  ModeEstimate plain_, recomputed_;
   std::map<std::pair<int64_t, int64_t>, StagePlan> cache_;
 };
-// Probes the configured run without checkpointing and with every stage checkpointed.
-std::shared_ptr<CheckpointPlanner> make_checkpoint_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
+// Probes the configured run without recompute and with every stage recomputed.
+std::shared_ptr<RecomputePlanner> make_recompute_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
                                                            MemoryMonitor& monitor, int64_t budget);
 
 // The densest label count of a split (boxes of its most crowded image).

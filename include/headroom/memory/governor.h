@@ -1,51 +1,94 @@
-// The memory governor: a training hook that keeps a run inside its memory budget.
-//  - before training: enforces the budget on the device, checks that the model, EMA and
-//    optimizer state live on the run's device;
-//  - on an out-of-memory error (the trainer has undone the attempt): releases cached blocks and
-//    climbs a ladder — halve the micro-batch, checkpoint every stage, switch AMP on (when
-//    memory.allow_amp) — then the same batch runs again; at micro-batch 1 with everything on it
-//    stops the run with the memory table and what to change;
-//  - after each step (host-side allocator counters, no device sync): shrinks pre-emptively when
-//    the peak crosses budget - headroom or allocation retries grow on consecutive steps (the
-//    allocator thrashing), and optionally grows back after a stable stretch.
-// Every decision is logged with its reason and kept in TrainState (so in checkpoints).
-// Register it before the other hooks: its after_step then reads the step's own peak, before
-// validation or checkpoint writing add theirs.
+// The memory governor keeps a run inside its memory budget. It is the run's step executor
+// (train/step.h) and a hook:
+//  - as the executor it runs each step's loader batches in micro-batches of its size, with the
+//    recompute plan for their input size (memory.activation_checkpointing: auto), and owns the
+//    recovery: an out-of-memory error anywhere in the step (forward, loss, backward, update) is
+//    undone — gradients dropped, BatchNorm statistics restored from a snapshot taken when the
+//    step began — then the ladder is climbed (halve the micro-batch; at micro-batch 1 recompute
+//    every stage; then AMP when memory.allow_amp) and the same batches run again; with nothing
+//    left to give up, or with memory.governor off, the run stops with the memory table and what
+//    to change;
+//  - before training it enforces the budget and checks that the model, EMA and optimizer state
+//    are on the run's device; after each step (from the trainer's step memory: host-side
+//    allocator counters, no sync) it shrinks pre-emptively when the peak crosses budget -
+//    headroom or allocator retries grow on consecutive steps (thrashing), and optionally grows
+//    back after a stable stretch; an out-of-memory error in validation halves the validation
+//    batch, one in the loader climbs the same ladder.
+// Every decision is logged with its reason and saved in checkpoints (its registry entry).
+// Register it first among the hooks: its after_step judges the step's own peak.
 #pragma once
 
 #include <torch/arg.h>
 
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "headroom/core/config.h"
 #include "headroom/memory/monitor.h"
 #include "headroom/train/trainer.h"
 
 namespace headroom::memory {
 
+class RecomputePlanner;
+
 struct GovernorOptions {
   TORCH_ARG(int64_t, budget) = 0;        // bytes; 0 = no limit enforced
   TORCH_ARG(double, headroom) = 0.10;
+  TORCH_ARG(bool, recover) = true;       // memory.governor: false = an OOM stops the run (with the table)
   TORCH_ARG(bool, allow_amp) = true;
   TORCH_ARG(int64_t, grow_after) = 0;    // steps without pressure before doubling back; 0 = never
   TORCH_ARG(int64_t, retry_steps) = 2;   // consecutive steps with new allocator retries that count as thrashing
+  TORCH_ARG(int64_t, imgsz) = 640;       // the run's canvas, for the advice when nothing is left
 };
 GovernorOptions governor_options(const Config& c, int64_t budget);
 
-class GovernorHook : public train::Hook {
+// A change the governor made, with its reason.
+struct MemoryDecision {
+  int64_t step = 0;     // the optimizer step it applies from (1-based)
+  std::string action;   // "micro_batch 8 -> 4", "activation_checkpointing all", "amp bf16", ...
+  std::string reason;
+};
+
+class Governor final : public train::Hook, public train::StepExecutor {
  public:
-  GovernorHook(std::shared_ptr<MemoryMonitor> monitor, GovernorOptions options);
+  // `planner`: memory.activation_checkpointing: auto (null = the model's own recompute mode).
+  explicit Governor(GovernorOptions options, std::shared_ptr<RecomputePlanner> planner = nullptr);
+
+  void run(train::Trainer& t, const std::vector<data::HostBatch>& batches) override;
+
   void before_train(train::Trainer& t) override;
-  void before_step(train::Trainer& t) override;
   void after_step(train::Trainer& t) override;
   void after_epoch(train::Trainer& t) override;
   bool on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) override;
+  std::string state_name() const override { return "governor"; }
+  Json save_state() const override;
+  void load_state(const Json& j) override;
+
+  // Images per forward and backward: at most the loader batch.
+  int64_t micro_batch(const train::Trainer& t) const;
+  void set_micro_batch(int64_t images) { micro_ = images; }
+  const std::vector<MemoryDecision>& decisions() const { return decisions_; }
 
  private:
+  void record(train::Trainer& t, std::string action, std::string reason);
   void shrink(train::Trainer& t, const std::string& reason);
-  std::shared_ptr<MemoryMonitor> monitor_;
+  // One rung of the ladder for an error in a step or the loader; throws when none is left.
+  void climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind);
+  [[noreturn]] void give_up(train::Trainer& t, const c10::Error& e, const std::string& why);
+  void apply_plan(train::Trainer& t, int64_t size, int64_t micro);
+  MemoryMonitor& monitor(train::Trainer& t) const;
+
   GovernorOptions o_;
-  int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, retries_at_start_ = 0, ooms_at_start_ = 0,
-          epoch_peak_reserved_ = 0;
+  std::shared_ptr<RecomputePlanner> planner_;
+  int64_t micro_ = 0;            // 0 = the loader batch
+  bool recompute_all_ = false;   // the ladder's rung, over the plan
+  std::vector<MemoryDecision> decisions_;
+  std::vector<bool> plan_;       // the stages recomputed now
+  std::set<std::pair<int64_t, int64_t>> plans_logged_;
+  int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, epoch_peak_reserved_ = 0,
+          retries_at_start_ = 0, ooms_at_start_ = 0, peak_so_far_ = 0;
 };
 
 // Refuses (DeviceError naming the tensor) a model, EMA or optimizer state that is not on the

@@ -1,7 +1,8 @@
-// Memory monitor and budget: what the run's device has in use, read without a device sync,
-// and the limit the run must stay under. CUDA reads the caching allocator's statistics and
-// enforces the budget with its memory fraction; the CPU reads Headroom's counting allocator and
-// enforces the budget by throwing c10::OutOfMemoryError, so both share one recovery path.
+// The memory monitors (the interface is core/memory.h) and the budget: what the run's device has
+// in use, read without a device sync, and the limit the run must stay under. CUDA reads the
+// caching allocator's statistics and enforces the budget with its memory fraction; the CPU reads
+// Headroom's counting allocator and enforces the budget by throwing c10::OutOfMemoryError, so
+// both share one recovery path.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -13,40 +14,11 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/json.h"
+#include "headroom/core/memory.h"
 
 namespace headroom::memory {
 
-struct MemoryStats {
-  int64_t allocated = 0;       // bytes held by live tensors
-  int64_t reserved = 0;        // bytes the allocator holds (CUDA: cached segments; CPU: = allocated)
-  int64_t active = 0;          // bytes in blocks in use (CUDA: includes the unused tail of split blocks)
-  int64_t peak_allocated = 0;  // since the last reset_peak
-  int64_t peak_reserved = 0;
-  int64_t alloc_retries = 0;   // CUDA: allocations that freed the cache and retried (thrashing)
-  int64_t ooms = 0;            // out-of-memory errors raised by the allocator
-  int64_t limit = 0;           // the enforced budget; 0 = none
-  double fragmentation() const { return reserved > 0 ? 1.0 - double(allocated) / double(reserved) : 0.0; }
-};
 Json memory_stats_json(const MemoryStats& s);
-
-class MemoryMonitor {
- public:
-  virtual ~MemoryMonitor() = default;
-  virtual MemoryStats sample() const = 0;  // host-side counters only: never syncs the device
-  virtual void reset_peak() = 0;
-  virtual int64_t capacity() const = 0;   // the device's total memory
-  virtual int64_t available() const = 0;  // free now, plus what this process's allocator holds
-  // Enforces a budget (0 lifts it). Allocations above it raise c10::OutOfMemoryError.
-  virtual void set_limit(int64_t bytes) = 0;
-  virtual void release_cache() = 0;       // returns cached blocks (CUDA emptyCache; CPU: nothing cached)
-  // Waits for the device's queued work. Only the estimator's probes call it, to time stages.
-  virtual void synchronize() {}
-  c10::Device device() const { return device_; }
-
- protected:
-  explicit MemoryMonitor(c10::Device d) : device_(d) {}
-  c10::Device device_;
-};
 
 // The monitor of a run's device. For the CPU this installs the counting allocator: call it
 // before the model is built, or the parameters are not counted.
@@ -64,9 +36,5 @@ std::string allocator_settings(const MemoryConfig& m);
 // Applies them; call before the first CUDA allocation. Without CUDA it only checks that none is
 // set (they would silently do nothing) and warns.
 void apply_allocator_settings(const MemoryConfig& m, c10::Device device);
-
-// An out-of-memory error from either allocator, or a CUDA library failure that means one
-// (cuBLAS/cuDNN workspaces arrive as plain c10::Error).
-bool is_out_of_memory(const c10::Error& e);
 
 }  // namespace headroom::memory

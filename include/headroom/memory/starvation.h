@@ -15,6 +15,8 @@ struct StarvationOptions {
   TORCH_ARG(double, threshold) = 0.10;  // waiting share of step time that counts as starving
   TORCH_ARG(bool, auto_workers) = false;
   TORCH_ARG(int, max_workers) = 8;
+  TORCH_ARG(bool, cached) = false;      // data.cache is on (advice)
+  TORCH_ARG(int, prefetch) = 4;         // data.prefetch (advice)
 };
 StarvationOptions starvation_options(const Config& c);
 
@@ -34,7 +36,7 @@ class StarvationHook : public train::Hook {
   void after_epoch(train::Trainer& t) override;
   const EpochDataTime& last_epoch() const { return last_; }
   // The diagnosis for an epoch ("" when the loader keeps up).
-  std::string diagnose(const EpochDataTime& e, const Config& c) const;
+  std::string diagnose(const EpochDataTime& e) const;
 
  private:
   void reset(train::Trainer& t);

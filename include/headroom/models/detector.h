@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "headroom/core/json.h"
-#include "headroom/models/checkpoint.h"
+#include "headroom/models/recompute.h"
 
 namespace headroom {
 struct Config;
@@ -54,9 +54,9 @@ struct LayerSummary {
 class LayerImpl : public torch::nn::Module {
  public:
   virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
-  // Layers with internal structure (Hourglass) checkpoint inside themselves.
-  virtual void set_checkpointing(CheckpointMode) {}
-  virtual bool has_internal_checkpointing() const { return false; }
+  // Layers with internal structure (Hourglass) recompute inside themselves.
+  virtual void set_recompute(RecomputeMode) {}
+  virtual bool has_internal_recompute() const { return false; }
 };
 
 // The last row.
@@ -66,8 +66,8 @@ class HeadImpl : public torch::nn::Module {
   // Priors as the references set them, once the strides are known.
   virtual void init_biases(const std::vector<int64_t>& strides) = 0;
   virtual void describe(DetectorInfo& info) const = 0;
-  // Heads with large activations (CenterNet's 3x3 convolutions at stride 4) checkpoint in `all`.
-  virtual void set_checkpointing(CheckpointMode) {}
+  // Heads with large activations (CenterNet's 3x3 convolutions at stride 4) recompute in `all`.
+  virtual void set_recompute(RecomputeMode) {}
 };
 
 // A run of rows between stride changes: the unit `activation_checkpointing: stages` recomputes
@@ -108,11 +108,11 @@ class DetectorImpl : public torch::nn::Module {
   // allocator there); empty = none.
   void set_row_observer(std::function<void(int)> f) { row_observer_ = std::move(f); }
 
-  void set_activation_checkpointing(CheckpointMode mode);
+  void set_recompute(RecomputeMode mode);
   // Checkpoints exactly the stages marked (one flag per stages() entry): the planner's choice for
   // one input size. All false is `off`, all true is `stages`.
-  void set_checkpointed_stages(const std::vector<bool>& on);
-  CheckpointMode activation_checkpointing() const { return checkpointing_; }
+  void set_recomputed_stages(const std::vector<bool>& on);
+  RecomputeMode recompute_mode() const { return recompute_; }
   // Folds every BatchNorm into its convolution (inference only; outputs equal within 1e-5).
   void fuse();
   // Keeps 4-D weights in channels_last and feeds the input that way.
@@ -126,7 +126,7 @@ class DetectorImpl : public torch::nn::Module {
   };
   struct Segment {
     int begin = 0, end = 0;          // rows [begin, end]
-    bool checkpointed = false;
+    bool recomputed = false;
     std::vector<int> inputs;         // rows outside whose outputs it reads (-1 = image)
     std::vector<int> outputs;        // rows inside whose outputs are read after it
   };
@@ -136,7 +136,7 @@ class DetectorImpl : public torch::nn::Module {
   // Runs rows [begin, end], freeing every output after its last reader.
   void run_rows(int begin, int end, std::vector<std::vector<at::Tensor>>& values, const at::Tensor& image);
   size_t rows_output_count(int row) const;
-  std::vector<std::pair<int, int>> segment_ranges(CheckpointMode mode) const;
+  std::vector<std::pair<int, int>> segment_ranges(RecomputeMode mode) const;
 
   std::vector<Row> rows_;
   std::vector<int> head_from_;
@@ -148,7 +148,7 @@ class DetectorImpl : public torch::nn::Module {
   std::vector<int> last_use_;       // per row: the last row (or rows_.size() for the head) reading it
   std::vector<int64_t> row_strides_;  // output stride of each row
   std::vector<size_t> output_counts_; // tensors each row outputs
-  CheckpointMode checkpointing_ = CheckpointMode::off;
+  RecomputeMode recompute_ = RecomputeMode::off;
   std::vector<Segment> segments_;
   bool channels_last_ = false;
   std::function<void(int)> row_observer_;

@@ -21,13 +21,23 @@ struct WeightsInfo {
 void save_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path);
 // The same contents into an archive that may hold more (training checkpoints are weights files too).
 void write_weights(DetectorImpl& model, const WeightsInfo& info, torch::serialize::OutputArchive& archive);
-// Saves an archive whole or not at all (temporary file in the same folder, fsync, rename), with
-// a trailer holding its length and a 64-bit hash.
-void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::string& path);
-// Loads what save_archive_atomic wrote; InputError naming the file when it is missing,
-// truncated or changed after writing (`what` names the kind of file in the message).
-void load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
-                           const std::string& what);
+// Saves an archive whole or not at all, streamed into a temporary file in the same folder while
+// it is hashed (no copy of the archive in memory: a checkpoint of Hourglass-104 with Adam is
+// ~3 GB), then a trailer: `meta` (a JSON text that can be read without loading any tensor),
+// the lengths and a 64-bit hash of everything before it; fsync, rename.
+void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::string& path, const std::string& meta = "");
+
+// What a file's trailer says, after a streamed check of its hash (memory: one read buffer).
+// InputError naming the file when it is missing, truncated or changed after writing (`what`
+// names the kind of file in the message).
+struct ArchiveFile {
+  uint64_t archive_bytes = 0;  // the zip archive at the start of the file
+  std::string meta;            // "" for files without one
+};
+ArchiveFile verify_archive(const std::string& path, const std::string& what);
+// Verifies, then loads the archive reading the file as it goes (no copy of the file in memory).
+ArchiveFile load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
+                                 const std::string& what);
 
 struct LoadedWeights {
   Detector model{nullptr};

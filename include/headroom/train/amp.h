@@ -8,14 +8,22 @@
 #include <torch/arg.h>
 #include <torch/serialize/archive.h>
 
+#include <string>
 #include <vector>
 
 #include "headroom/core/config.h"
 
 namespace headroom::train {
 
-// `amp` with auto resolved for the device; fp16 on the CPU is refused (InputError naming the key).
+// auto: fp16 on CUDA, off on the CPU.
+enum class AmpMode { auto_, off, fp16, bf16 };
+AmpMode amp_mode_from(const std::string& word);  // train.amp
+const char* to_string(AmpMode m);
+
+// train.amp with auto resolved for the device; fp16 on the CPU is refused (InputError naming the key).
 AmpMode resolve_amp(const Config& c, c10::Device device);
+// A mode on a device: auto resolved, fp16 refused on the CPU (`where` names the setting).
+AmpMode resolve_amp(AmpMode m, c10::Device device, const std::string& where);
 // The autocast dtype of a mode (Undefined for off).
 at::ScalarType amp_dtype(AmpMode m);
 

@@ -1,6 +1,7 @@
 // What a run records per epoch: results.csv (one row per epoch, columns fixed by the first row)
 // and TensorBoard event files (TFRecord framing with masked CRC-32C around Event protocol
 // buffers, encoded here in the protobuf wire format: no protobuf library to match versions with).
+// Both know their position, so a checkpoint can record it and a resume continue from there.
 #pragma once
 
 #include <cstdint>
@@ -15,13 +16,20 @@ using Scalars = std::vector<std::pair<std::string, double>>;  // name -> value, 
 
 class CsvWriter {
  public:
-  explicit CsvWriter(std::string path) : path_(std::move(path)) {}
-  // Appends a row; the first row fixes the header (a resumed run appends to the same file).
+  // Appends to `path` (a resumed run continues its file); counts the rows already there.
+  explicit CsvWriter(std::string path);
+  // Appends a row; the first row fixes the header.
   void append(const Scalars& row);
+  // Rows in the file (not counting the header): what a checkpoint records.
+  int64_t rows() const { return rows_; }
+  // A resume from a checkpoint that recorded `rows`: rows written after it belong to the run
+  // being replaced and are dropped (the file is rewritten whole or not at all).
+  void keep_rows(int64_t rows);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
+  int64_t rows_ = 0;
 };
 
 // Reads results.csv back: header and rows.
@@ -29,19 +37,26 @@ std::pair<std::vector<std::string>, std::vector<std::vector<double>>> read_csv(c
 
 class TensorBoardWriter {
  public:
-  // Creates <dir>/events.out.tfevents.<seconds>.<host> and writes the file-version event.
+  // Creates <dir>/events.out.tfevents.<seconds>.<host>.<pid> and writes the file-version event.
   explicit TensorBoardWriter(const std::string& dir);
+  // Continues `file` (a name in `dir`) of a resumed run from byte `bytes`, where its checkpoint
+  // left it: events written after that belong to the run being replaced and are cut off. A new
+  // file when that one is gone or shorter.
+  TensorBoardWriter(const std::string& dir, const std::string& file, int64_t bytes);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
   void add_scalars(const Scalars& values, int64_t step, double wall_time);
   void flush();
   const std::string& path() const { return path_; }
+  int64_t bytes() const { return bytes_; }  // written so far, all flushed
 
  private:
+  void create(const std::string& dir);
   void write_record(const std::string& data);
   std::string path_;
   std::FILE* file_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 struct TensorBoardScalar {

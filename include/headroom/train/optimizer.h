@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "headroom/core/config.h"
-
 namespace headroom::train {
+
+enum class OptimizerKind { sgd, adam, adamw };
+OptimizerKind optimizer_kind_from(const std::string& word);  // train.optimizer
+const char* to_string(OptimizerKind k);
 
 struct OptimizerOptions {
   TORCH_ARG(OptimizerKind, kind) = OptimizerKind::sgd;

@@ -7,12 +7,17 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
-#include "headroom/core/config.h"
 #include "headroom/train/optimizer.h"
 
 namespace headroom::train {
+
+// linear / cosine: from lr0 to lr0 * lrf over the run; manual: TF OD API manual_step_learning_rate.
+enum class LrSchedule { linear, cosine, manual };
+LrSchedule lr_schedule_from(const std::string& word);  // train.schedule
+const char* to_string(LrSchedule s);
 
 struct ScheduleOptions {
   TORCH_ARG(LrSchedule, kind) = LrSchedule::linear;
@@ -50,6 +55,5 @@ class Schedule {
 // warmup_epochs > 0, expressed in optimizer steps (iterations / accumulate, rounded up).
 int64_t warmup_steps(double warmup_epochs, int64_t batches_per_epoch, int64_t accumulate);
 
-ScheduleOptions schedule_options(const Config& c, int64_t total_steps, int64_t warmup);
 
 }  // namespace headroom::train

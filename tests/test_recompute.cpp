@@ -6,7 +6,7 @@
 #include "headroom/core/torch_compat.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/memory/measure.h"
-#include "headroom/models/checkpoint.h"
+#include "headroom/models/recompute.h"
 #include "headroom/models/detector.h"
 #include "test_util.h"
 
@@ -50,8 +50,8 @@ at::Tensor loss_of(const HeadOutputs& o) {
   return l;
 }
 
-std::vector<at::Tensor> gradients(Detector& d, const at::Tensor& x, CheckpointMode mode, bool bf16) {
-  d->set_activation_checkpointing(mode);
+std::vector<at::Tensor> gradients(Detector& d, const at::Tensor& x, RecomputeMode mode, bool bf16) {
+  d->set_recompute(mode);
   d->zero_grad();
   compat::set_autocast_enabled(c10::kCPU, bf16);
   if (bf16) compat::set_autocast_dtype(c10::kCPU, at::kBFloat16);
@@ -82,8 +82,8 @@ void expect_same_gradients(Detector (*make)(), int64_t size, bool bf16) {
   Detector d = make();
   at::manual_seed(0);
   const at::Tensor x = at::rand({2, 3, size, size});
-  const auto reference = gradients(d, x, CheckpointMode::off, bf16);
-  for (CheckpointMode mode : {CheckpointMode::stages, CheckpointMode::all}) {
+  const auto reference = gradients(d, x, RecomputeMode::off, bf16);
+  for (RecomputeMode mode : {RecomputeMode::stages, RecomputeMode::all}) {
     const auto checkpointed = gradients(d, x, mode, bf16);
     ASSERT_EQ(reference.size(), checkpointed.size());
     // Bit-identical in practice (the Hourglass aliases its block inputs for exactly that).
@@ -107,7 +107,7 @@ TEST(Checkpointing, BatchNormStatisticsAreUpdatedOnce) {
     auto from = a->named_parameters();
     for (auto& p : b->named_parameters()) p.value().copy_(from[p.key()]);
   }
-  b->set_activation_checkpointing(CheckpointMode::all);
+  b->set_recompute(RecomputeMode::all);
   loss_of(a->forward(x)).backward();
   loss_of(b->forward(x)).backward();
   const auto ba = a->buffers(), bb = b->buffers();
@@ -134,7 +134,7 @@ TEST(Checkpointing, RecomputationReplaysTheRandomNumbersAndAutocast) {
   const at::Tensor plain = fn({x})[0];
   at::manual_seed(7);
   calls = 0;
-  const at::Tensor y = checkpoint(fn, {x}, {&net})[0];
+  const at::Tensor y = recompute(fn, {x}, {&net})[0];
   compat::set_autocast_enabled(c10::kCPU, false);
   EXPECT_TRUE(at::equal(plain, y));
   const at::Tensor mask = (y != 0).to(at::kFloat);
@@ -152,7 +152,7 @@ TEST(Checkpointing, ParametersGetGradientsWhenNoInputRequiresThem) {
   } net;
   const at::Tensor x = at::full({3}, 2.0);  // no requires_grad
   const SegmentFn fn = [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] * net.w}; };
-  checkpoint(fn, {x}, {&net})[0].sum().backward();
+  recompute(fn, {x}, {&net})[0].sum().backward();
   ASSERT_TRUE(net.w.grad().defined());
   EXPECT_TRUE(at::equal(net.w.grad(), x));
 }
@@ -160,7 +160,7 @@ TEST(Checkpointing, ParametersGetGradientsWhenNoInputRequiresThem) {
 TEST(Checkpointing, NothingLeaksWhenBackwardNeverRuns) {
   auto& alloc = memory::CountingCpuAllocator::install();
   Detector d = two_stack_hourglass();
-  d->set_activation_checkpointing(CheckpointMode::all);
+  d->set_recompute(RecomputeMode::all);
   const at::Tensor x = at::rand({2, 3, 64, 64});
   const int64_t baseline = alloc.current();
   {
@@ -174,8 +174,8 @@ TEST(Checkpointing, NothingLeaksWhenBackwardNeverRuns) {
 namespace {
 
 // The activation part of a forward + backward: its peak above parameters and gradients.
-int64_t activation_peak(Detector& d, const at::Tensor& x, CheckpointMode mode) {
-  d->set_activation_checkpointing(mode);
+int64_t activation_peak(Detector& d, const at::Tensor& x, RecomputeMode mode) {
+  d->set_recompute(mode);
   loss_of(d->forward(x)).backward();  // gradients exist from here on: they are in the baseline
   d->zero_grad(/*set_to_none=*/false);
   return memory::measure_cpu_step([&] { loss_of(d->forward(x)).backward(); }).above_baseline();
@@ -185,9 +185,9 @@ int64_t activation_peak(Detector& d, const at::Tensor& x, CheckpointMode mode) {
 
 void expect_activation_drop(Detector d, const at::Tensor& x, double stages_at_least, double all_at_least) {
   memory::CountingCpuAllocator::install();
-  const int64_t off = activation_peak(d, x, CheckpointMode::off);
-  const int64_t stages = activation_peak(d, x, CheckpointMode::stages);
-  const int64_t all = activation_peak(d, x, CheckpointMode::all);
+  const int64_t off = activation_peak(d, x, RecomputeMode::off);
+  const int64_t stages = activation_peak(d, x, RecomputeMode::stages);
+  const int64_t all = activation_peak(d, x, RecomputeMode::all);
   std::printf("activation peak: off %lld, stages %lld (-%.1f%%), all %lld (-%.1f%%)\n", (long long)off, (long long)stages,
               100.0 * (1 - double(stages) / double(off)), (long long)all, 100.0 * (1 - double(all) / double(off)));
   EXPECT_LE(double(stages), (1 - stages_at_least) * double(off));

@@ -1,4 +1,4 @@
-#include "headroom/models/checkpoint.h"
+#include "headroom/models/recompute.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/text.h"
 #include "headroom/core/torch_compat.h"
 
 namespace headroom::models {
@@ -131,8 +132,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 }  // namespace
 
-std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
-                                   const std::vector<torch::nn::Module*>& modules) {
+std::vector<at::Tensor> recompute(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<torch::nn::Module*>& modules) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto state = c10::make_intrusive<SegmentState>();
   state->fn = fn;
@@ -144,5 +145,13 @@ std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Te
   }
   return CheckpointFunction::apply(at::TensorList(all), state);
 }
+
+namespace {
+const std::pair<const char*, RecomputeMode> kRecomputeMode[] = {
+    {"off", RecomputeMode::off}, {"stages", RecomputeMode::stages}, {"all", RecomputeMode::all}, {"auto", RecomputeMode::off}};
+}  // namespace
+
+RecomputeMode recompute_mode_from(const std::string& word) { return enum_from_word(word, kRecomputeMode); }
+const char* to_string(RecomputeMode m) { return enum_word(m, kRecomputeMode); }
 
 }  // namespace headroom::models

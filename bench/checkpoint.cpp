@@ -1,0 +1,103 @@
+// bench_checkpoint: the host memory a checkpoint costs. A CenterNet Hourglass-104 run with Adam
+// and EMA (the TF OD API user's model: parameters, two moments and the average, ~3 GB) is built
+// on the CPU, then saved and loaded back; the process's peak resident memory above what it held
+// before each is the cost (target: at most 10% of the file while saving). One JSON line.
+//   bench_checkpoint [--model models/centernet_hg104.yaml] [--dir DIR]
+#include <CLI/CLI.hpp>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "headroom/core/json.h"
+#include "headroom/core/logging.h"
+#include "headroom/core/threads.h"
+#include "headroom/data/synth.h"
+#include "headroom/train/checkpoints.h"
+#include "headroom/train/trainer.h"
+
+using namespace headroom;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A /proc/self/status field in bytes (VmRSS, VmHWM).
+int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+// Resets the peak resident size to the current one (Linux clear_refs 5).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  init_logging("warn");
+  CLI::App app{"Host memory of saving and loading a big checkpoint"};
+  std::string model = std::string(HEADROOM_SOURCE_DIR) + "/models/centernet_hg104.yaml", dir = "build/bench-checkpoint";
+  app.add_option("--model", model, "Model file");
+  app.add_option("--dir", dir, "Where the data set and the checkpoint are written");
+  CLI11_PARSE(app, argc, argv);
+  set_intra_op_threads(AutoInt{});
+
+  data::SynthOptions so;
+  so.out = dir + "/data";
+  so.images = 8;
+  so.size = 128;
+  const std::string yaml = data::synthesize(so).data_yaml;
+  const Config c = load_config("", {"model.file=" + model, "data.dataset=" + yaml, "data.imgsz=128", "train.batch=2",
+                                    "train.optimizer=adam", "train.ema=true", "data.workers=0", "device=cpu"});
+  train::Trainer t(train::make_trainer_parts(c, c10::Device(c10::kCPU), dir));
+  const std::string path = dir + "/weights/bench.pt";
+
+  const int64_t before_save = status_bytes("VmRSS");
+  reset_peak_rss();
+  auto t0 = std::chrono::steady_clock::now();
+  t.save_checkpoint(path);
+  const double save_s = seconds_since(t0);
+  const int64_t save_peak = status_bytes("VmHWM") - before_save;
+  const int64_t bytes = int64_t(fs::file_size(path));
+
+  const int64_t before_find = status_bytes("VmRSS");
+  reset_peak_rss();
+  t0 = std::chrono::steady_clock::now();
+  train::checkpoint_meta(path);  // what --resume auto does to each candidate
+  const double verify_s = seconds_since(t0);
+  const int64_t verify_peak = status_bytes("VmHWM") - before_find;
+
+  const int64_t before_load = status_bytes("VmRSS");
+  reset_peak_rss();
+  t0 = std::chrono::steady_clock::now();
+  t.load_checkpoint(path);
+  const double load_s = seconds_since(t0);
+  const int64_t load_peak = status_bytes("VmHWM") - before_load;
+
+  Json j = Json::object();
+  j["bench"] = "checkpoint";
+  j["model"] = fs::path(model).filename().string();
+  j["parameters"] = t.model().parameter_count();
+  j["checkpoint_bytes"] = bytes;
+  j["save_seconds"] = save_s;
+  j["save_rss_increase_bytes"] = save_peak;
+  j["save_rss_increase_share"] = double(save_peak) / double(bytes);
+  j["verify_seconds"] = verify_s;
+  j["verify_rss_increase_bytes"] = verify_peak;
+  j["load_seconds"] = load_s;
+  j["load_rss_increase_bytes"] = load_peak;
+  j["load_rss_increase_share"] = double(load_peak) / double(bytes);
+  std::printf("%s\n", j.dump().c_str());
+  fs::remove(path);
+  return 0;
+}

@@ -1,0 +1,56 @@
+// What a device has in use, read without a device sync, and the errors that mean it ran out.
+// The interface lives here so that the trainer can measure its steps and recognise an
+// out-of-memory error without depending on memory/, which implements the monitors (CUDA
+// caching-allocator statistics; the counting CPU allocator) and the governor on top of train/.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+namespace headroom {
+
+struct MemoryStats {
+  int64_t allocated = 0;       // bytes held by live tensors
+  int64_t reserved = 0;        // bytes the allocator holds (CUDA: cached segments; CPU: = allocated)
+  int64_t active = 0;          // bytes in blocks in use (CUDA: includes the unused tail of split blocks)
+  int64_t peak_allocated = 0;  // since the last reset_peak
+  int64_t peak_reserved = 0;
+  int64_t alloc_retries = 0;   // CUDA: allocations that freed the cache and retried (thrashing)
+  int64_t ooms = 0;            // out-of-memory errors raised by the allocator
+  int64_t limit = 0;           // the enforced budget; 0 = none
+  double fragmentation() const { return reserved > 0 ? 1.0 - double(allocated) / double(reserved) : 0.0; }
+};
+
+class MemoryMonitor {
+ public:
+  virtual ~MemoryMonitor() = default;
+  virtual MemoryStats sample() const = 0;  // host-side counters only: never syncs the device
+  virtual void reset_peak() = 0;
+  virtual int64_t capacity() const = 0;   // the device's total memory
+  virtual int64_t available() const = 0;  // free now, plus what this process's allocator holds
+  // Enforces a budget (0 lifts it). Allocations above it raise c10::OutOfMemoryError.
+  virtual void set_limit(int64_t bytes) = 0;
+  virtual void release_cache() = 0;       // returns cached blocks (CUDA emptyCache; CPU: nothing cached)
+  // Waits for the device's queued work. Only the estimator's probes call it, to time stages.
+  virtual void synchronize() {}
+  c10::Device device() const { return device_; }
+
+ protected:
+  explicit MemoryMonitor(c10::Device d) : device_(d) {}
+  c10::Device device_;
+};
+
+// How an error relates to memory:
+//   out_of_memory  an allocator's c10::OutOfMemoryError, or a CUDA / cuBLAS / cuDNN failure that
+//                  says it could not allocate;
+//   library        a cuDNN failure that is often an allocation failure in disguise ("NOT_SUPPORTED
+//                  ... non-contiguous input", INTERNAL_ERROR, "unable to find an engine"), which
+//                  Ultralytics retries too: worth one smaller try, but not to be called an OOM
+//                  when it persists.
+enum class MemoryFailure { none, out_of_memory, library };
+MemoryFailure memory_failure(const c10::Error& e);
+inline bool is_out_of_memory(const c10::Error& e) { return memory_failure(e) != MemoryFailure::none; }
+
+}  // namespace headroom
