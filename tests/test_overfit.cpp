@@ -56,7 +56,7 @@ class LossRecord : public train::Hook {
   void after_step(train::Trainer& t) override {
     if (t.counters().step != t.state().step) return;
     double total = 0;
-    for (const auto& [name, v] : t.counters().losses) total += v;
+    for (const auto& [name, v] : t.counters().losses()) total += v;
     if (std::isnan(first)) first = total;
     last = total;
   }

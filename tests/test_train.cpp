@@ -463,8 +463,8 @@ TEST(Train, Bf16AutocastTrainsOnTheCpuAndFp16IsRefused) {
   const train::StepCounters& k = t.counters();
   EXPECT_EQ(k.step, 3);
   EXPECT_EQ(k.skipped_steps, 0);
-  ASSERT_FALSE(k.losses.empty());
-  for (const auto& [name, v] : k.losses) EXPECT_TRUE(std::isfinite(v)) << name;
+  ASSERT_FALSE(k.losses().empty());
+  for (const auto& [name, v] : k.losses()) EXPECT_TRUE(std::isfinite(v)) << name;
   const Config fp16 = load_config("", tiny_run({"train.amp=fp16"}));
   EXPECT_THROW(train::Trainer(parts_for(fp16, test::temp_dir("fp16"))), InputError);
 }

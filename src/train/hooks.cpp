@@ -239,7 +239,7 @@ class LogHook : public Hook {
     const double eta = its > 0 ? double(t.total_steps() - t.state().step) / its : 0;
     std::string text = fmt::format("{}/{} {:>6}/{} {:.2f}it/s {:.1f}img/s", t.state().epoch + 1, t.epochs(), in_epoch, t.steps_per_epoch(),
                                    its, imgs);
-    for (const auto& [name, v] : c.losses) text += fmt::format(" {} {:.4g}", name, v);
+    for (const auto& [name, v] : c.losses()) text += fmt::format(" {} {:.4g}", name, v);
     // The step's memory as the memory governor sees it: allocated / reserved after the step,
     // and the highest step peak since the last line.
     const std::optional<MemoryStats>& m = t.step_memory();

@@ -58,6 +58,12 @@ int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
   return std::max<int64_t>(std::llround(double(nominal_batch) / double(batch)), 1);
 }
 
+std::vector<std::pair<std::string, double>> StepCounters::losses() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, sum] : loss_sums) out.emplace_back(name, finite_steps > 0 ? sum / double(finite_steps) : NAN);
+  return out;
+}
+
 RunLength run_length(const TrainerOptions& o, int64_t batches_per_epoch) {
   RunLength r;
   r.accumulate = accumulation_steps(o.nominal_batch(), o.batch());
@@ -375,10 +381,7 @@ void Trainer::read_counters() {
   c.worst_bad_run = v[2];
   c.loss_scale = v[3];
   c.finite_steps = std::llround(v[4]);
-  for (size_t i = 0; i < loss_names_.size(); ++i) {
-    c.loss_sums.emplace_back(loss_names_[i], double(v[5 + i]));
-    c.losses.emplace_back(loss_names_[i], c.finite_steps > 0 ? double(v[5 + i]) / double(c.finite_steps) : NAN);
-  }
+  for (size_t i = 0; i < loss_names_.size(); ++i) c.loss_sums.emplace_back(loss_names_[i], double(v[5 + i]));
   counters_ = std::move(c);
   window_loss_.zero_();
   window_finite_.zero_();
@@ -543,10 +546,7 @@ void Trainer::register_state() {
         c.worst_bad_run = last.find("worst_bad_run")->as_number();
         c.loss_scale = last.find("loss_scale")->as_number();
         const std::vector<Json>& sums = last.find("loss_sums")->items();
-        for (size_t i = 0; i < sums.size() && i < loss_names_.size(); ++i) {
-          c.loss_sums.emplace_back(loss_names_[i], sums[i].as_number());
-          c.losses.emplace_back(loss_names_[i], c.finite_steps > 0 ? sums[i].as_number() / double(c.finite_steps) : NAN);
-        }
+        for (size_t i = 0; i < sums.size() && i < loss_names_.size(); ++i) c.loss_sums.emplace_back(loss_names_[i], sums[i].as_number());
         counters_ = std::move(c);
       });
 }

@@ -120,12 +120,13 @@ struct StepCounters {
   int64_t step = -1;            // the step after which they were read
   int64_t steps = 0;            // optimizer steps in the window
   int64_t finite_steps = 0;     // ... with finite loss and gradients (the means cover these)
-  std::vector<std::pair<std::string, double>> losses;     // mean per finite step of each term
-  std::vector<std::pair<std::string, double>> loss_sums;  // sum over the finite steps
+  std::vector<std::pair<std::string, double>> loss_sums;  // each term summed over the finite steps
   double skipped_steps = 0;     // non-finite steps skipped in the whole run
   double bad_run = 0;           // non-finite steps in a row, ending at the read
   double worst_bad_run = 0;     // the longest such run within the window
   double loss_scale = 0;        // 0 without a scaler
+  // Each term's mean per finite step (NaN when none was finite).
+  std::vector<std::pair<std::string, double>> losses() const;
 };
 
 // Everything a run is made of, built from the config in one place (make_trainer_parts).
