@@ -5,6 +5,7 @@
 #                   (a virtual environment under build-cuda/; CUDA code compiles and links,
 #                   the tests run on the CPU where there is no GPU)
 #   make bench      the benchmarks, one JSON line per measurement
+#   make install    trainer into $(PREFIX)/bin, models and example configs into $(PREFIX)/share/headroom
 
 BUILD       ?= build
 CUDA_BUILD  ?= build-cuda
@@ -13,8 +14,9 @@ CUDA_HOME   ?= /usr/local/cuda
 PYTHON      ?= python3
 JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PREFIX      ?= /usr/local
 
-.PHONY: all deps build demo test bench cuda-build test-cuda clean
+.PHONY: all deps build demo test bench install cuda-build test-cuda clean
 
 all: build
 
@@ -34,6 +36,9 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 bench: build
 	$(BUILD)/bench_loader --out $(BUILD)/bench-data

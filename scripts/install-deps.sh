@@ -10,6 +10,7 @@ packages=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libturbojpeg0-dev libpng-dev
   libopencv-core-dev libopencv-imgproc-dev
+  libopenblas0-pthread
 )
 if [[ "${1:-}" == "--cuda" ]]; then
   packages+=(python3 python3-venv python3-pip)

@@ -154,3 +154,57 @@ TEST(Cli, TrainWithAutoBatchRecordsTheBatchItChose) {
   const std::string saved = test::read_bytes(dir + "/runs/a/config.yaml");
   EXPECT_NE(saved.find("batch: 8\n"), std::string::npos) << saved;
 }
+
+namespace {
+std::string interop_fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/" + name; }
+}  // namespace
+
+// `yolo train model=x.pt` as Headroom does it: the Ultralytics checkpoint brings its own model,
+// the head is re-initialised for the data set's 4 classes; predict and export take it as it is.
+TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
+  const std::string dir = test::temp_dir("cli-interop");
+  const std::string cfg = tiny_run_config(dir);
+  const std::string pt = interop_fixture("ul_yolo11t.pt");
+  test::RunResult r = test::run_trainer("train --config " + cfg + " model.init_from=" + pt + " train.steps=2 train.val_every=0 project=" +
+                                        dir + "/runs name=ft");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the model is the file's own"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("re-initialised for 4 classes"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/runs/ft/weights/last.pt"));
+
+  const std::string images = (fs::path(test::small_synth()).parent_path() / "images" / "val").string();
+  r = test::run_trainer("predict --weights " + pt + " --source " + images + " --conf 0 --save-dir " + dir + "/pred device=cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/m.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_trainer("export --weights " + dir + "/m.safetensors --format safetensors");  // beside it, same name: refused
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the input weights file"), std::string::npos) << r.output;
+  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt");  // Headroom's own: beside it
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/runs/ft/weights/last.safetensors"));
+  r = test::run_trainer("predict --weights " + dir + "/runs/ft/weights/last.safetensors --source " + images + " --save-dir " + dir +
+                        "/pred2 device=cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+// `make install PREFIX=...`: the installed trainer, run from an empty folder, finds the model
+// files by name in <prefix>/share/headroom.
+TEST(Cli, InstalledTreeRunsFromAnEmptyFolder) {
+  const std::string dir = test::temp_dir("cli-install");
+  const std::string build = fs::path(HEADROOM_TRAINER).parent_path().string();
+  const std::string prefix = dir + "/prefix";
+  ASSERT_EQ(std::system(("cmake --install " + build + " --prefix " + prefix + " > " + dir + "/install.log 2>&1").c_str()), 0)
+      << test::read_bytes(dir + "/install.log");
+  EXPECT_TRUE(fs::exists(prefix + "/share/headroom/models/yolo11.yaml"));
+  EXPECT_TRUE(fs::exists(prefix + "/share/headroom/configs/demo.yaml"));
+  fs::create_directories(dir + "/empty");
+  const std::string out = dir + "/model.json";
+  ASSERT_EQ(std::system(("cd " + dir + "/empty && " + prefix + "/bin/trainer model --model yolo11n.yaml --nc 80 --json > " + out +
+                         " 2>&1").c_str()), 0)
+      << test::read_bytes(out);
+  const Json j = Json::parse(test::read_bytes(out), out);
+  EXPECT_EQ(j.find("parameters")->as_number(), 2624080);
+  EXPECT_EQ(j.find("file")->as_string(), fs::canonical(prefix).string() + "/share/headroom/models/yolo11.yaml");
+}

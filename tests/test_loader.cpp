@@ -88,7 +88,9 @@ TEST(Loader, BoxesAreLetterboxedLabelsAndPaddingIsMarked) {
         }
       }
       // The padding band of a letterboxed image is grey 114.
-      if (g.pad_y > 0) EXPECT_EQ(b.images[i][0][0][g.canvas / 2].item<uint8_t>(), kPadValue);
+      if (g.pad_y > 0) {
+        EXPECT_EQ(b.images[i][0][0][g.canvas / 2].item<uint8_t>(), kPadValue);
+      }
     }
   }
 }

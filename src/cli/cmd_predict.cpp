@@ -13,7 +13,7 @@
 #include "headroom/eval/draw.h"
 #include "headroom/eval/postprocess.h"
 #include "headroom/eval/validate.h"
-#include "headroom/models/weights.h"
+#include "headroom/models/weights_import.h"
 
 namespace headroom::cli {
 
@@ -36,7 +36,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     if (conf < 0 || conf > 1) throw InputError("predict: --conf must be in [0, 1]");
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
-    models::LoadedWeights w = models::load_weights(weights, device);
+    models::LoadedWeights w = models::load_any_weights(weights, device);
     models::DetectorImpl& model = *w.model;
     model.eval();
 

@@ -21,6 +21,7 @@ void add_val_command(CLI::App& app, int& exit_code);
 void add_predict_command(CLI::App& app, int& exit_code);
 void add_train_command(CLI::App& app, int& exit_code);
 void add_memory_command(CLI::App& app, int& exit_code);
+void add_export_command(CLI::App& app, int& exit_code);
 
 // Loads --config plus key=value overrides and applies the process-wide settings
 // (log level, intra-op threads). Every subcommand that takes a config goes through here.

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   cli::add_memory_command(app, exit_code);
   cli::add_val_command(app, exit_code);
   cli::add_predict_command(app, exit_code);
+  cli::add_export_command(app, exit_code);
   // `trainer --config C ...` means `trainer train --config C ...`.
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume"))

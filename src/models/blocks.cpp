@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/functional/pooling.h>
 
+#include <cmath>
+
 namespace headroom::models {
 
 namespace F = torch::nn::functional;
@@ -85,12 +87,12 @@ at::Tensor BottleneckImpl::forward(const at::Tensor& x) {
   return add ? x + y : y;
 }
 
-C3Impl::C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e) {
+C3Impl::C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e, int64_t k1) {
   const int64_t c_ = static_cast<int64_t>(double(c2) * e);
   cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, 1, 1)));
   cv2 = register_module("cv2", Conv(ConvOptions(c1, c_, 1, 1)));
   cv3 = register_module("cv3", Conv(ConvOptions(2 * c_, c2, 1)));
-  for (int64_t i = 0; i < n; ++i) m->push_back(Bottleneck(c_, c_, shortcut, g, 1, 3, 1.0));
+  for (int64_t i = 0; i < n; ++i) m->push_back(Bottleneck(c_, c_, shortcut, g, k1, 3, 1.0));
   register_module("m", m);
 }
 
@@ -98,18 +100,69 @@ at::Tensor C3Impl::forward(const at::Tensor& x) {
   return cv3->forward(at::cat({m->forward(cv1->forward(x)), cv2->forward(x)}, 1));
 }
 
-C2fImpl::C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e)
+C2fImpl::C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e, C2fInner inner)
     : c(static_cast<int64_t>(double(c2) * e)) {
   cv1 = register_module("cv1", Conv(ConvOptions(c1, 2 * c, 1, 1)));
   cv2 = register_module("cv2", Conv(ConvOptions((2 + n) * c, c2, 1)));
-  for (int64_t i = 0; i < n; ++i) m->push_back(Bottleneck(c, c, shortcut, g, 3, 3, 1.0));
+  for (int64_t i = 0; i < n; ++i) {
+    if (inner == C2fInner::c3k)
+      m->push_back(C3(c, c, 2, shortcut, g, 0.5, /*k1=*/3));
+    else
+      m->push_back(Bottleneck(c, c, shortcut, g, 3, 3, inner == C2fInner::bottleneck ? 1.0 : 0.5));
+  }
   register_module("m", m);
 }
 
 at::Tensor C2fImpl::forward(const at::Tensor& x) {
   std::vector<at::Tensor> y = cv1->forward(x).chunk(2, 1);
-  for (const auto& b : *m) y.push_back(b->as<Bottleneck>()->forward(y.back()));
+  for (const auto& b : *m) {
+    if (auto* bottleneck = b->as<Bottleneck>())
+      y.push_back(bottleneck->forward(y.back()));
+    else
+      y.push_back(b->as<C3>()->forward(y.back()));
+  }
   return cv2->forward(at::cat(y, 1));
+}
+
+AttentionImpl::AttentionImpl(int64_t dim, int64_t heads_, double attn_ratio)
+    : heads(heads_), head_dim(dim / heads_), key_dim(static_cast<int64_t>(double(dim / heads_) * attn_ratio)) {
+  scale = 1.0 / std::sqrt(double(key_dim));
+  qkv = register_module("qkv", Conv(ConvOptions(dim, dim + 2 * key_dim * heads, 1).act(false)));
+  proj = register_module("proj", Conv(ConvOptions(dim, dim, 1).act(false)));
+  pe = register_module("pe", Conv(ConvOptions(dim, dim, 3).groups(dim).act(false)));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), N = H * W;
+  const std::vector<at::Tensor> qkv_ = qkv->forward(x).view({B, heads, 2 * key_dim + head_dim, N}).split_with_sizes({key_dim, key_dim, head_dim}, 2);
+  const at::Tensor& q = qkv_[0];  // [B, heads, key_dim, N]
+  const at::Tensor& k = qkv_[1];  // [B, heads, key_dim, N]
+  const at::Tensor& v = qkv_[2];  // [B, heads, head_dim, N]
+  const at::Tensor attn = (at::matmul(q.transpose(-2, -1), k) * scale).softmax(-1);  // [B, heads, N, N]
+  const at::Tensor y = at::matmul(v, attn.transpose(-2, -1)).view({B, C, H, W}) + pe->forward(v.reshape({B, C, H, W}));
+  return proj->forward(y);
+}
+
+PSABlockImpl::PSABlockImpl(int64_t c, int64_t heads) {
+  attn = register_module("attn", Attention(c, heads, 0.5));
+  ffn = register_module("ffn", torch::nn::Sequential(Conv(ConvOptions(c, 2 * c, 1)), Conv(ConvOptions(2 * c, c, 1).act(false))));
+}
+
+at::Tensor PSABlockImpl::forward(const at::Tensor& x) {
+  const at::Tensor y = x + attn->forward(x);
+  return y + ffn->forward(y);
+}
+
+C2PSAImpl::C2PSAImpl(int64_t c1, int64_t n, double e) : c(static_cast<int64_t>(double(c1) * e)) {
+  cv1 = register_module("cv1", Conv(ConvOptions(c1, 2 * c, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions(2 * c, c1, 1)));
+  for (int64_t i = 0; i < n; ++i) m->push_back(PSABlock(c, c / 64));
+  register_module("m", m);
+}
+
+at::Tensor C2PSAImpl::forward(const at::Tensor& x) {
+  const std::vector<at::Tensor> ab = cv1->forward(x).split(c, 1);
+  return cv2->forward(at::cat({ab[0], m->forward(ab[1])}, 1));
 }
 
 SPPFImpl::SPPFImpl(int64_t c1, int64_t c2, int64_t k_) : k(k_) {

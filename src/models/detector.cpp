@@ -14,6 +14,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/core/yaml_file.h"
+#include "headroom/models/weights_import.h"
 #include "layers.h"
 
 namespace headroom::models {
@@ -22,23 +23,47 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// "yolov8s.yaml" or "centernet_csp_s.yaml" that does not exist: scale s of yolov8.yaml /
-// centernet_csp.yaml (Ultralytics' guess_model_scale, extended to an underscore).
-std::pair<std::string, std::string> resolve_file(const std::string& file, const std::string& scale) {
+// The installed data folder (<prefix>/share/headroom, beside <prefix>/bin/trainer).
+fs::path installed_data_dir() {
   std::error_code ec;
-  if (fs::is_regular_file(file, ec)) return {file, scale};
-  static const std::regex scaled(R"(^(.*?)_?([nslmx])(\.ya?ml)$)");
-  std::smatch m;
-  const std::string name = fs::path(file).filename().string();
-  if (std::regex_match(name, m, scaled)) {
-    const fs::path base = fs::path(file).parent_path() / (m[1].str() + m[3].str());
-    if (fs::is_regular_file(base, ec)) {
-      if (!scale.empty() && scale != m[2].str())
-        throw InputError(file + ": the name asks for scale '" + m[2].str() + "' but scale '" + scale + "' was given");
-      return {base.string(), m[2].str()};
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : exe.parent_path().parent_path() / "share" / "headroom";
+}
+
+// A model file as Ultralytics users name it, looked for as given (the working directory), beside
+// the config file, in the installed models, then in the source tree; in each place "yolov8s.yaml"
+// that does not exist means scale s of yolov8.yaml (Ultralytics' guess_model_scale, extended to
+// an underscore: centernet_csp_s.yaml).
+std::pair<std::string, std::string> resolve_file(const std::string& file, const std::string& scale, const std::string& config_dir) {
+  std::vector<fs::path> candidates = {fs::path(file)};
+  if (fs::path(file).is_relative()) {
+    const fs::path name = fs::path(file).filename();
+    if (!config_dir.empty()) candidates.push_back(fs::path(config_dir) / file);
+    for (const fs::path& root : {installed_data_dir(), fs::path(HEADROOM_SOURCE_DIR)}) {
+      if (root.empty()) continue;
+      candidates.push_back(root / file);
+      candidates.push_back(root / "models" / name);
     }
   }
-  throw InputError(file + ": model file not found (models/ holds yolov5n..x.yaml, yolov8.yaml, centernet_*.yaml)");
+  static const std::regex scaled(R"(^(.*?)_?([nslmx])(\.ya?ml)$)");
+  std::error_code ec;
+  std::string looked;
+  for (const fs::path& c : candidates) {
+    if (fs::is_regular_file(c, ec)) return {c.string(), scale};
+    std::smatch m;
+    const std::string name = c.filename().string();
+    if (std::regex_match(name, m, scaled)) {
+      const fs::path base = c.parent_path() / (m[1].str() + m[3].str());
+      if (fs::is_regular_file(base, ec)) {
+        if (!scale.empty() && scale != m[2].str())
+          throw InputError(file + ": the name asks for scale '" + m[2].str() + "' but scale '" + scale + "' was given");
+        return {base.string(), m[2].str()};
+      }
+    }
+    looked += (looked.empty() ? "" : ", ") + c.string();
+  }
+  throw InputError(file + ": model file not found (looked for " + looked +
+                   "); the models are yolov5n..x.yaml, yolov8{n..x}.yaml, yolo11{n..x}.yaml, centernet_*.yaml");
 }
 
 std::string node_text(const YAML::Node& n) {
@@ -64,7 +89,7 @@ int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x
 }  // namespace
 
 DetectorImpl::DetectorImpl(const ModelSpec& spec) {
-  const auto [file, wanted_scale] = spec.text.empty() ? resolve_file(spec.file, spec.scale) : std::make_pair(spec.file, spec.scale);
+  const auto [file, wanted_scale] = spec.text.empty() ? resolve_file(spec.file, spec.scale, spec.base_dir) : std::make_pair(spec.file, spec.scale);
   yaml_file_ = file;
   yaml_text_ = spec.text.empty() ? read_file(file) : spec.text;
   YAML::Node root;
@@ -86,7 +111,8 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
     if (scale_.empty() && root["scale"] && root["scale"].IsScalar()) scale_ = root["scale"].Scalar();
     if (scale_.empty()) {
       scale_ = scales.begin()->first.as<std::string>();
-      spdlog::warn("{}: no scale given; using '{}' (pass --scale or name the file like yolov8{}.yaml)", file, scale_, scale_);
+      if (scales.size() > 1)
+        spdlog::warn("{}: no scale given; using '{}' (pass --scale or name the file like yolov8{}.yaml)", file, scale_, scale_);
     }
     const YAML::Node s = scales[scale_];
     if (!s) {
@@ -124,6 +150,7 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
 
   std::vector<int64_t> out_channels, out_counts, out_strides;
   int64_t input_multiple = 1;
+  bool depthwise_head = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const YAML::Node& r = rows[i];
     RowContext c;
@@ -171,7 +198,10 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
     c.max_channels = max_channels;
     c.nc = nc;
     if (root["anchors"]) c.anchors = root["anchors"];
+    c.scale = scale_;
+    c.depthwise_head = depthwise_head;
     BuiltRow b = builder->second(c);
+    depthwise_head = depthwise_head || b.depthwise_head;
 
     LayerSummary s;
     s.index = static_cast<int>(i);
@@ -393,6 +423,9 @@ ModelSpec model_spec(const Config& c, int64_t nc) {
   ModelSpec s;
   s.file = c.model.file;
   s.scale = c.model.scale;
+  if (!c.source.empty()) s.base_dir = fs::path(c.source).parent_path().string();
+  if (!c.model.init_from.empty())
+    if (const std::optional<ModelSpec> carried = carried_model(c.model.init_from)) s = *carried;  // as `yolo train model=x.pt`
   s.nc = nc;
   return s;
 }
@@ -422,8 +455,10 @@ std::string format_model_summary(DetectorImpl& d, int64_t imgsz) {
   const auto& info = d.info();
   std::string strides;
   for (int64_t s : info.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(s);
-  std::snprintf(buf, sizeof buf, "%s%s summary: %zu rows, %lld parameters, %lld trainable, strides [%s], %.1f GFLOPs at %lld\n",
-                info.family.c_str(), d.scale().empty() ? "" : (" " + d.scale()).c_str(), d.layers().size(),
+  // "yolo11n summary (yolov8 head)": the file and scale name the model, the family its head and loss.
+  const std::string name = std::filesystem::path(d.yaml_file()).stem().string() + d.scale();
+  std::snprintf(buf, sizeof buf, "%s summary (%s head): %zu rows, %lld parameters, %lld trainable, strides [%s], %.1f GFLOPs at %lld\n",
+                name.c_str(), info.family.c_str(), d.layers().size(),
                 static_cast<long long>(d.parameter_count()), static_cast<long long>(d.parameter_count(true)),
                 strides.c_str(), d.gflops(imgsz), static_cast<long long>(imgsz));
   return out + buf;
@@ -433,6 +468,7 @@ Json model_summary_json(DetectorImpl& d, int64_t imgsz) {
   Json j = Json::object();
   const auto& info = d.info();
   j["family"] = info.family;
+  j["file"] = d.yaml_file();
   j["scale"] = d.scale();
   j["nc"] = info.nc;
   j["parameters"] = d.parameter_count();

@@ -120,16 +120,38 @@ class UpsampleLayerImpl : public LayerImpl {
 // ---------------------------------------------------------------------------------------
 // Heads
 
-// YOLOv8 Detect: per level a box branch (DFL bins) and a class branch.
+// Two convolutions in a row, named "0" and "1" as in the Sequential Ultralytics nests in its
+// YOLO11 class branch (a Sequential cannot hold a Sequential here).
+class ConvPairImpl : public torch::nn::Module {
+ public:
+  ConvPairImpl(Conv a, Conv b) : first(register_module("0", a)), second(register_module("1", b)) {}
+  at::Tensor forward(const at::Tensor& x) { return second->forward(first->forward(x)); }
+  Conv first, second;
+};
+TORCH_MODULE(ConvPair);
+
+// YOLOv8 Detect: per level a box branch (DFL bins) and a class branch. YOLO11's class branch
+// replaces each 3x3 conv by a depthwise 3x3 then a 1x1 (`depthwise`).
 class DetectV8Impl : public HeadImpl {
  public:
-  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, int64_t reg_max = 16) : nc_(nc), reg_max_(reg_max) {
+  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, bool depthwise, int64_t reg_max = 16) : nc_(nc), reg_max_(reg_max) {
     const int64_t c2 = std::max({int64_t(16), ch[0] / 4, reg_max * 4}), c3 = std::max(ch[0], std::min(nc, int64_t(100)));
+    // Ultralytics DWConv: groups = gcd(in, out), here in = out.
+    const auto dw_then_pw = [](int64_t in, int64_t out) {
+      return ConvPair(Conv(ConvOptions(in, in, 3).groups(in)), Conv(ConvOptions(in, out, 1)));
+    };
     for (size_t i = 0; i < ch.size(); ++i) {
       torch::nn::Sequential box(Conv(ConvOptions(ch[i], c2, 3)), Conv(ConvOptions(c2, c2, 3)),
                                 ConvBn(ConvBnOptions(c2, 4 * reg_max, 1).batch_norm(false)));
-      torch::nn::Sequential cls(Conv(ConvOptions(ch[i], c3, 3)), Conv(ConvOptions(c3, c3, 3)),
-                                ConvBn(ConvBnOptions(c3, nc, 1).batch_norm(false)));
+      torch::nn::Sequential cls;
+      if (depthwise) {
+        cls->push_back(dw_then_pw(ch[i], c3));
+        cls->push_back(dw_then_pw(c3, c3));
+      } else {
+        cls->push_back(Conv(ConvOptions(ch[i], c3, 3)));
+        cls->push_back(Conv(ConvOptions(c3, c3, 3)));
+      }
+      cls->push_back(ConvBn(ConvBnOptions(c3, nc, 1).batch_norm(false)));
       cv2->push_back(box);
       cv3->push_back(cls);
     }
@@ -440,6 +462,34 @@ std::map<std::string, RowBuilder> make_registry() {
       });
     };
   }
+  // YOLO11 C3k2 [c2, c3k, e]: a C2f whose inner blocks are half-width bottlenecks, or C3k
+  // blocks where c3k is True; Ultralytics forces c3k in scales m, l and x.
+  r["C3k2"] = [](const RowContext& c) {
+    single_input(c, "C3k2");
+    if (c.count() > 3) c.fail("C3k2 takes [channels, c3k, expansion]");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
+    const bool c3k = c.boolean(1, false) || c.scale == "m" || c.scale == "l" || c.scale == "x";
+    const double e = c.number(2, 0.5);
+    RowContext once = c;
+    once.repeats = 1;
+    BuiltRow b = sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + ", " +
+                                                 bool_text(c3k) + ", " + num_text(e) + "]",
+                                [=] { return C2f(c1, c2, n, true, 1, e, c3k ? C2fInner::c3k : C2fInner::half_bottleneck); });
+    b.depthwise_head = true;
+    return b;
+  };
+  r["C2PSA"] = [](const RowContext& c) {
+    single_input(c, "C2PSA");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
+    const double e = c.number(1, 0.5);
+    if (c1 != c2) c.fail("C2PSA keeps its channels: input " + std::to_string(c1) + ", output " + std::to_string(c2));
+    if (int64_t(double(c1) * e) < 64)
+      c.fail("C2PSA needs at least 64 channels per attention head (" + std::to_string(int64_t(double(c1) * e)) + " here); widen the scale");
+    RowContext once = c;
+    once.repeats = 1;
+    return sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + "]",
+                          [=] { return C2PSA(c1, n, e); });
+  };
   r["SPPF"] = [](const RowContext& c) {
     single_input(c, "SPPF");
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 5);
@@ -505,7 +555,7 @@ std::map<std::string, RowBuilder> make_registry() {
       b.head = std::make_shared<DetectV5Impl>(nc, anchors, c.channels);
       b.args += ", anchors " + std::to_string(a.size()) + "x" + std::to_string(na);
     } else {
-      b.head = std::make_shared<DetectV8Impl>(nc, c.channels);
+      b.head = std::make_shared<DetectV8Impl>(nc, c.channels, c.depthwise_head);
     }
     b.args += ", " + ints_text(c.channels) + "]";
     return b;

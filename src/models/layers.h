@@ -27,6 +27,8 @@ struct RowContext {
   int64_t max_channels = INT64_MAX;
   int64_t nc = 80;
   YAML::Node anchors;
+  std::string scale;                 // the scale's name ("n", "m", ...): YOLO11 rows read it
+  bool depthwise_head = false;       // an earlier row asked Detect for YOLO11's class branch
 
   [[noreturn]] void fail(const std::string& why) const;
   size_t count() const { return args.size(); }
@@ -48,6 +50,9 @@ struct BuiltRow {
   int64_t stride = 0;                // of each output
   int64_t input_multiple = 1;        // the input's sides must be multiples of this (in pixels)
   std::string args;                  // resolved arguments for the layer table
+  // Ultralytics gives Detect the depthwise class branch (its `legacy = False`) once a YOLO11
+  // block (C3k2) is in the file.
+  bool depthwise_head = false;
 };
 
 using RowBuilder = std::function<BuiltRow(const RowContext&)>;

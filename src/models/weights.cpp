@@ -156,6 +156,17 @@ void save_archive_atomic(torch::serialize::OutputArchive& archive, const std::st
   file.commit();  // fsync, rename, fsync of the folder
 }
 
+bool has_headroom_trailer(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  const ReadFd fd(path);
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  char tail[kTrailer2] = {};
+  if (fd.get() < 0 || ec) return false;
+  if (size >= kTrailer2 && fd.read_at(size - kTrailer2, tail, kTrailer2) && std::memcmp(tail, kMagic2, 8) == 0) return true;
+  return size >= kTrailer1 && fd.read_at(size - kTrailer1, tail, kTrailer1) && std::memcmp(tail, kMagic1, 8) == 0;
+}
+
 ArchiveFile verify_archive(const std::string& path, const std::string& what) {
   if (!std::filesystem::is_regular_file(path)) throw InputError(path + ": " + what + " not found");
   const ReadFd fd(path);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "headroom/core/checksum.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
@@ -87,27 +88,12 @@ std::pair<std::vector<std::string>, std::vector<std::vector<double>>> read_csv(c
   return out;
 }
 
-// --- CRC-32C (Castagnoli), as TFRecord uses, and its mask ---
-
-uint32_t crc32c(const uint8_t* data, size_t size) {
-  static const auto table = [] {
-    std::vector<uint32_t> t(256);
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
+// --- the masked CRC-32C of TFRecord framing ---
 
 namespace {
 
 uint32_t masked_crc(const std::string& s) {
-  const uint32_t crc = crc32c(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  const uint32_t crc = crc32c(s.data(), s.size());
   return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
 }
 

@@ -14,6 +14,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/torch_compat.h"
 #include "headroom/models/weights.h"
+#include "headroom/models/weights_import.h"
 #include "headroom/train/checkpoints.h"
 
 namespace headroom::train {
@@ -95,6 +96,9 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
   const int64_t nc = int64_t(p.train_split->names.size());
   at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
   p.model = models::build_detector(c, nc);
+  if (!c.model.init_from.empty() && models::carried_model(c.model.init_from))
+    spdlog::info("model.init_from {}: the model is the file's own ({}{}), not model.file {}", c.model.init_from,
+                 p.model->yaml_file(), p.model->scale().empty() ? "" : " scale " + p.model->scale(), c.model.file);
   if (!c.model.init_from.empty()) {
     const std::vector<std::string> skipped = init_from_weights(*p.model, c.model.init_from);
     spdlog::info("model.init_from {}: {} tensors skipped{}", c.model.init_from, skipped.size(), skipped.empty() ? "" : ":");
@@ -579,6 +583,10 @@ void Trainer::load_checkpoint(const std::string& path) {
 }
 
 std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path) {
+  if (!models::has_headroom_trailer(path)) {  // another trainer's weights
+    const models::ImportReport r = models::import_weights(model, models::read_imported_weights(path), /*new_head=*/true);
+    return r.reinitialised;
+  }
   torch::serialize::InputArchive archive;
   models::load_archive_verified(archive, path, c10::Device(c10::kCPU), "weights file (model.init_from)");
   at::NoGradGuard no_grad;

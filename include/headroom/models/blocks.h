@@ -77,26 +77,67 @@ class BottleneckImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Bottleneck);
 
-// C3: CSP bottleneck with three convolutions (YOLOv5).
+// C3: CSP bottleneck with three convolutions (YOLOv5). Its bottlenecks are 1x1 then k x k
+// (k1 = 1); YOLO11's C3k uses k x k twice (k1 = 3).
 class C3Impl : public torch::nn::Module {
  public:
-  C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e);
+  C3Impl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e, int64_t k1 = 1);
   at::Tensor forward(const at::Tensor& x);
   Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr};
   torch::nn::Sequential m;
 };
 TORCH_MODULE(C3);
 
-// C2f: CSP bottleneck with two convolutions, every bottleneck's output concatenated (YOLOv8).
+// What a C2f-style block chains: YOLOv8's C2f uses full-width 3x3 bottlenecks; YOLO11's C3k2
+// uses half-width bottlenecks (Ultralytics' defaults, e = 0.5) or, in scales m/l/x and where
+// the file asks, C3k blocks of two bottlenecks.
+enum class C2fInner { bottleneck, half_bottleneck, c3k };
+
+// C2f: CSP bottleneck with two convolutions, every inner block's output concatenated (YOLOv8;
+// C3k2 of YOLO11 with another inner block).
 class C2fImpl : public torch::nn::Module {
  public:
-  C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e);
+  C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, double e, C2fInner inner = C2fInner::bottleneck);
   at::Tensor forward(const at::Tensor& x);
   Conv cv1{nullptr}, cv2{nullptr};
   torch::nn::ModuleList m;
   int64_t c;
 };
 TORCH_MODULE(C2f);
+
+// Ultralytics Attention (YOLO11's position-sensitive attention): one 1x1 conv makes queries and
+// keys (key_dim = head_dim / 2 each) and values per head; attention over all H x W positions,
+// plus a depthwise 3x3 positional encoding of the values, then a 1x1 projection.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(int64_t dim, int64_t heads, double attn_ratio = 0.5);
+  at::Tensor forward(const at::Tensor& x);  // [B, dim, H, W] -> same
+  Conv qkv{nullptr}, proj{nullptr}, pe{nullptr};
+  int64_t heads, head_dim, key_dim;
+  double scale;
+};
+TORCH_MODULE(Attention);
+
+// PSABlock: x + attention(x), then x + ffn(x) (two 1x1 convs, 2x wide).
+class PSABlockImpl : public torch::nn::Module {
+ public:
+  PSABlockImpl(int64_t c, int64_t heads);
+  at::Tensor forward(const at::Tensor& x);
+  Attention attn{nullptr};
+  torch::nn::Sequential ffn;
+};
+TORCH_MODULE(PSABlock);
+
+// C2PSA: a CSP split whose second half runs n PSABlocks (heads = half the channels / 64).
+class C2PSAImpl : public torch::nn::Module {
+ public:
+  C2PSAImpl(int64_t c1, int64_t n, double e = 0.5);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  torch::nn::Sequential m;
+  int64_t c;
+};
+TORCH_MODULE(C2PSA);
 
 // SPPF: three chained k x k max-pools, concatenated.
 class SPPFImpl : public torch::nn::Module {

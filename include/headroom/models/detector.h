@@ -82,6 +82,7 @@ struct ModelSpec {
   std::string file;          // model YAML; "yolov8s.yaml" means scale s of yolov8.yaml
   std::string text;          // the YAML itself (weights files carry it); when set, `file` only names it
   std::string scale;         // "" = from the file name, else the file's first scale
+  std::string base_dir;      // the config file's folder: `file` is looked for there too
   int64_t nc = -1;           // -1 = the file's nc (the data set's class count overrides it)
   int64_t channels = 3;
 };

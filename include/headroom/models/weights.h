@@ -39,6 +39,9 @@ ArchiveFile verify_archive(const std::string& path, const std::string& what);
 ArchiveFile load_archive_verified(torch::serialize::InputArchive& archive, const std::string& path, c10::Device device,
                                  const std::string& what);
 
+// True when the file ends with a Headroom weights or checkpoint trailer (no hash check).
+bool has_headroom_trailer(const std::string& path);
+
 struct LoadedWeights {
   Detector model{nullptr};
   WeightsInfo info;

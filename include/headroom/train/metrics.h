@@ -68,6 +68,4 @@ struct TensorBoardScalar {
 // Every scalar of an event file; throws Error naming the file at a bad CRC or a torn record.
 std::vector<TensorBoardScalar> read_tensorboard_scalars(const std::string& path);
 
-uint32_t crc32c(const uint8_t* data, size_t size);
-
 }  // namespace headroom::train

@@ -1,0 +1,694 @@
+#include "headroom/interop/torch_file.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "headroom/core/checksum.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/files.h"
+
+namespace headroom::interop {
+
+namespace {
+
+using Kind = PyValue::Kind;
+
+PyRef make(Kind k) {
+  auto v = std::make_shared<PyValue>();
+  v->kind = k;
+  return v;
+}
+PyRef make_int(int64_t i) {
+  PyRef v = make(Kind::integer);
+  v->integer = i;
+  return v;
+}
+PyRef make_text(Kind k, std::string s) {
+  PyRef v = make(k);
+  v->text = std::move(s);
+  return v;
+}
+PyRef make_tensor(at::Tensor t) {
+  PyRef v = make(Kind::tensor);
+  v->tensor = std::move(t);
+  return v;
+}
+
+// The storage classes torch.save names ("torch.HalfStorage") and their element types.
+at::ScalarType storage_dtype(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"torch.FloatStorage", at::kFloat},   {"torch.DoubleStorage", at::kDouble}, {"torch.HalfStorage", at::kHalf},
+      {"torch.BFloat16Storage", at::kBFloat16}, {"torch.LongStorage", at::kLong}, {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort},   {"torch.CharStorage", at::kChar},     {"torch.ByteStorage", at::kByte},
+      {"torch.BoolStorage", at::kBool},     {"torch.UntypedStorage", at::kByte},  {"torch.storage.UntypedStorage", at::kByte}};
+  const auto it = types.find(name);
+  if (it == types.end()) throw std::runtime_error("a storage of type " + name + ", which this reader does not read");
+  return it->second;
+}
+
+// Where a persistent id's storage lives: the zip record or the legacy file's raw section.
+// numel: the element count the persistent id states.
+using StorageLoader = std::function<at::Tensor(const std::string& key, at::ScalarType dtype, int64_t numel)>;
+
+class Unpickler {
+ public:
+  Unpickler(const char* data, size_t size, StorageLoader storages) : p_(data), begin_(data), end_(data + size), storages_(std::move(storages)) {}
+
+  PyRef run() {
+    for (;;) {
+      const uint8_t op = u8();
+      if (op == '.') {  // STOP
+        if (stack_.empty()) fail("STOP on an empty stack");
+        return stack_.back();
+      }
+      step(op);
+    }
+  }
+  size_t consumed() const { return size_t(p_ - begin_); }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw std::runtime_error("pickle byte " + std::to_string(p_ - begin_) + ": " + why);
+  }
+  void need(size_t n) const {
+    if (size_t(end_ - p_) < n) fail("the pickle ends early (truncated file?)");
+  }
+  uint8_t u8() {
+    need(1);
+    return uint8_t(*p_++);
+  }
+  template <class T>
+  T little() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  std::string bytes(size_t n) {
+    need(n);
+    std::string s(p_, n);
+    p_ += n;
+    return s;
+  }
+  std::string line() {
+    const char* nl = static_cast<const char*>(std::memchr(p_, '\n', size_t(end_ - p_)));
+    if (!nl) fail("a text argument without its end of line");
+    std::string s(p_, size_t(nl - p_));
+    p_ = nl + 1;
+    return s;
+  }
+
+  PyRef pop() {
+    if (stack_.empty()) fail("pop from an empty stack");
+    PyRef v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  PyRef& top() {
+    if (stack_.empty()) fail("an empty stack");
+    return stack_.back();
+  }
+  std::vector<PyRef> pop_to_mark() {
+    if (marks_.empty()) fail("no MARK");
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    if (m > stack_.size()) fail("a MARK above the stack");
+    std::vector<PyRef> items(stack_.begin() + long(m), stack_.end());
+    stack_.resize(m);
+    return items;
+  }
+  PyRef tuple(std::vector<PyRef> items) {
+    PyRef t = make(Kind::tuple);
+    t->items = std::move(items);
+    return t;
+  }
+  PyRef memo_get(uint64_t i) {
+    const auto it = memo_.find(i);
+    if (it == memo_.end()) fail("memo " + std::to_string(i) + " was never stored");
+    return it->second;
+  }
+  // LONG1/LONG4: two's complement, little-endian. Wider than 64 bits (the legacy format's magic
+  // number) stays its bytes.
+  static PyRef little_long(const std::string& b) {
+    if (b.size() > 8) return make_text(Kind::bytes, b);
+    uint64_t v = 0;
+    for (size_t i = 0; i < b.size(); ++i) v |= uint64_t(uint8_t(b[i])) << (8 * i);
+    if (!b.empty() && b.size() < 8 && (uint8_t(b.back()) & 0x80)) v |= ~uint64_t(0) << (8 * b.size());
+    return make_int(int64_t(v));
+  }
+  void set_items(PyValue& target, const std::vector<PyRef>& kv) {
+    if (kv.size() % 2) fail("SETITEMS with an odd number of values");
+    if (target.kind != Kind::dict && target.kind != Kind::object) fail("SETITEMS on a " + target.describe());
+    for (size_t i = 0; i < kv.size(); i += 2) target.entries.emplace_back(kv[i], kv[i + 1]);
+  }
+  void append(PyValue& target, const std::vector<PyRef>& v) {
+    if (target.kind != Kind::list && target.kind != Kind::object) fail("APPEND on a " + target.describe());
+    target.items.insert(target.items.end(), v.begin(), v.end());
+  }
+
+  static const PyValue& arg(const PyValue& args, size_t i) {
+    if (args.kind != Kind::tuple || i >= args.items.size()) throw std::runtime_error("a call with too few arguments");
+    return *args.items[i];
+  }
+  static std::vector<int64_t> ints(const PyValue& v) {
+    std::vector<int64_t> out;
+    for (const auto& x : v.items) {
+      if (x->kind != Kind::integer) throw std::runtime_error("a tensor size or stride that is not an integer");
+      out.push_back(x->integer);
+    }
+    return out;
+  }
+
+  // REDUCE: the callables torch.save uses to rebuild tensors and ordered dicts; anything else
+  // becomes an object named after its callable.
+  PyRef call(const PyValue& callable, const PyRef& args) {
+    const std::string& f = callable.text;
+    if (f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") {
+      const PyValue& storage = arg(*args, 0);
+      if (storage.kind != Kind::tensor) fail("a tensor rebuilt from something other than a storage");
+      const int64_t offset = arg(*args, 1).integer;
+      const std::vector<int64_t> size = ints(arg(*args, 2)), stride = ints(arg(*args, 3));
+      int64_t extent = 1;  // last element + 1
+      for (size_t i = 0; i < size.size(); ++i) {
+        if (size[i] == 0) extent = 0;
+        if (extent) extent += (size[i] - 1) * stride[i];
+      }
+      if (extent && offset + extent > storage.tensor.numel()) fail("a tensor reaches past the end of its storage");
+      return make_tensor(storage.tensor.as_strided(size, stride, offset));
+    }
+    if (f == "torch._utils._rebuild_parameter" || f == "torch._utils._rebuild_parameter_with_state") {
+      const PyValue& data = arg(*args, 0);
+      if (data.kind != Kind::tensor) fail("a parameter without a tensor");
+      return make_tensor(data.tensor);
+    }
+    if (f == "torch._utils._rebuild_qtensor" || f == "torch._utils._rebuild_sparse_tensor" ||
+        f == "torch._utils._rebuild_sparse_csr_tensor" || f == "torch._utils._rebuild_meta_tensor_no_storage" ||
+        f == "torch._utils._rebuild_wrapper_subclass" || f == "torch.storage._load_from_bytes")
+      fail("it holds a tensor stored with " + f + ", which this reader does not read (save a plain dense state_dict)");
+    if (f == "collections.OrderedDict" || f == "builtins.dict") {
+      PyRef d = make(Kind::dict);
+      if (args->kind == Kind::tuple && !args->items.empty())  // OrderedDict([(k, v), ...])
+        for (const auto& kv : args->items[0]->items)
+          if (kv->items.size() == 2) d->entries.emplace_back(kv->items[0], kv->items[1]);
+      return d;
+    }
+    if (f == "builtins.set" || f == "builtins.frozenset") {
+      PyRef s = make(Kind::list);
+      if (args->kind == Kind::tuple && !args->items.empty()) s->items = args->items[0]->items;
+      return s;
+    }
+    if (f == "copyreg._reconstructor" && args->kind == Kind::tuple && !args->items.empty()) {
+      PyRef o = make_text(Kind::object, args->items[0]->text);
+      o->args = args;
+      return o;
+    }
+    PyRef o = make_text(Kind::object, f);
+    o->args = args;
+    return o;
+  }
+
+  // ('storage', storage_type, key, location, numel[, view_metadata])
+  PyRef persistent(const PyRef& pid) {
+    if (pid->kind != Kind::tuple || pid->items.size() < 5 || pid->items[0]->text != "storage")
+      fail("a persistent id that is not a storage: " + pid->describe());
+    if (pid->items.size() > 5 && !pid->items[5]->is_none()) fail("a storage view (PyTorch before 1.0), which this reader does not read");
+    const at::ScalarType dtype = storage_dtype(pid->items[1]->text);
+    const PyValue& key = *pid->items[2];
+    const std::string k = key.kind == Kind::integer ? std::to_string(key.integer) : key.text;
+    const auto it = storages_cache_.find(k);
+    if (it != storages_cache_.end()) return it->second;
+    const PyValue& numel = *pid->items[4];
+    PyRef t = make_tensor(storages_(k, dtype, numel.kind == Kind::integer ? numel.integer : -1));
+    storages_cache_[k] = t;
+    return t;
+  }
+
+  void step(uint8_t op) {
+    switch (op) {
+      case 0x80: u8(); break;                  // PROTO
+      case 0x95: little<uint64_t>(); break;    // FRAME: frames are read as one stream
+      case '(': marks_.push_back(stack_.size()); break;
+      case '0': pop(); break;
+      case '1': pop_to_mark(); break;
+      case '2': stack_.push_back(top()); break;
+      case 'N': stack_.push_back(make(Kind::none)); break;
+      case 0x88:
+      case 0x89: {
+        PyRef b = make(Kind::boolean);
+        b->boolean = op == 0x88;
+        stack_.push_back(b);
+        break;
+      }
+      case 'I': {  // INT: text; "01"/"00" are protocol 0's booleans
+        const std::string s = line();
+        if (s == "01" || s == "00") {
+          PyRef b = make(Kind::boolean);
+          b->boolean = s == "01";
+          stack_.push_back(b);
+        } else {
+          stack_.push_back(make_int(std::stoll(s)));
+        }
+        break;
+      }
+      case 'L': {
+        std::string s = line();
+        if (!s.empty() && s.back() == 'L') s.pop_back();
+        stack_.push_back(make_int(std::stoll(s)));
+        break;
+      }
+      case 'J': stack_.push_back(make_int(little<int32_t>())); break;
+      case 'K': stack_.push_back(make_int(u8())); break;
+      case 'M': stack_.push_back(make_int(little<uint16_t>())); break;
+      case 0x8a: stack_.push_back(little_long(bytes(u8()))); break;
+      case 0x8b: {
+        const int32_t n = little<int32_t>();
+        if (n < 0) fail("a negative length");
+        stack_.push_back(little_long(bytes(size_t(n))));
+        break;
+      }
+      case 'F': {
+        PyRef v = make(Kind::real);
+        v->real = std::stod(line());
+        stack_.push_back(v);
+        break;
+      }
+      case 'G': {  // BINFLOAT: big-endian double
+        need(8);
+        uint64_t bits = 0;
+        for (int i = 0; i < 8; ++i) bits = (bits << 8) | uint8_t(p_[i]);
+        p_ += 8;
+        PyRef v = make(Kind::real);
+        std::memcpy(&v->real, &bits, 8);
+        stack_.push_back(v);
+        break;
+      }
+      case 'S': {  // STRING: a quoted repr; torch.save never writes escapes into the names we read
+        std::string s = line();
+        if (s.size() >= 2 && (s.front() == '\'' || s.front() == '"')) s = s.substr(1, s.size() - 2);
+        stack_.push_back(make_text(Kind::string, s));
+        break;
+      }
+      case 'V': stack_.push_back(make_text(Kind::string, line())); break;
+      case 'T': stack_.push_back(make_text(Kind::string, bytes(little<uint32_t>()))); break;
+      case 'U': stack_.push_back(make_text(Kind::string, bytes(u8()))); break;
+      case 'X': stack_.push_back(make_text(Kind::string, bytes(little<uint32_t>()))); break;
+      case 0x8c: stack_.push_back(make_text(Kind::string, bytes(u8()))); break;
+      case 0x8d: stack_.push_back(make_text(Kind::string, bytes(size_t(little<uint64_t>())))); break;
+      case 'B': stack_.push_back(make_text(Kind::bytes, bytes(little<uint32_t>()))); break;
+      case 'C': stack_.push_back(make_text(Kind::bytes, bytes(u8()))); break;
+      case 0x8e: stack_.push_back(make_text(Kind::bytes, bytes(size_t(little<uint64_t>())))); break;
+      case ']': stack_.push_back(make(Kind::list)); break;
+      case 'l': {
+        PyRef l = make(Kind::list);
+        l->items = pop_to_mark();
+        stack_.push_back(l);
+        break;
+      }
+      case 'a': {
+        PyRef v = pop();
+        append(*top(), {v});
+        break;
+      }
+      case 'e': {
+        std::vector<PyRef> v = pop_to_mark();
+        append(*top(), v);
+        break;
+      }
+      case ')': stack_.push_back(tuple({})); break;
+      case 't': stack_.push_back(tuple(pop_to_mark())); break;
+      case 0x85:
+      case 0x86:
+      case 0x87: {
+        const size_t n = size_t(op - 0x84);
+        if (stack_.size() < n) fail("TUPLE on a short stack");
+        std::vector<PyRef> items(stack_.end() - long(n), stack_.end());
+        stack_.resize(stack_.size() - n);
+        stack_.push_back(tuple(std::move(items)));
+        break;
+      }
+      case '}': stack_.push_back(make(Kind::dict)); break;
+      case 'd': {
+        PyRef d = make(Kind::dict);
+        set_items(*d, pop_to_mark());
+        stack_.push_back(d);
+        break;
+      }
+      case 's': {
+        PyRef v = pop(), k = pop();
+        set_items(*top(), {k, v});
+        break;
+      }
+      case 'u': {
+        std::vector<PyRef> kv = pop_to_mark();
+        set_items(*top(), kv);
+        break;
+      }
+      case 0x8f: stack_.push_back(make(Kind::list)); break;  // EMPTY_SET: a set reads as a list
+      case 0x90: {
+        std::vector<PyRef> v = pop_to_mark();
+        top()->items.insert(top()->items.end(), v.begin(), v.end());
+        break;
+      }
+      case 0x91: {
+        PyRef s = make(Kind::list);
+        s->items = pop_to_mark();
+        stack_.push_back(s);
+        break;
+      }
+      case 'p': memo_[uint64_t(std::stoull(line()))] = top(); break;
+      case 'q': memo_[u8()] = top(); break;
+      case 'r': memo_[little<uint32_t>()] = top(); break;
+      case 0x94: memo_[memo_.size()] = top(); break;
+      case 'g': stack_.push_back(memo_get(std::stoull(line()))); break;
+      case 'h': stack_.push_back(memo_get(u8())); break;
+      case 'j': stack_.push_back(memo_get(little<uint32_t>())); break;
+      case 'c': {
+        const std::string module = line(), name = line();
+        stack_.push_back(make_text(Kind::global, module + "." + name));
+        break;
+      }
+      case 0x93: {
+        PyRef name = pop(), module = pop();
+        stack_.push_back(make_text(Kind::global, module->text + "." + name->text));
+        break;
+      }
+      case 'R': {
+        PyRef args = pop(), callable = pop();
+        stack_.push_back(call(*callable, args));
+        break;
+      }
+      case 0x81: {  // NEWOBJ
+        PyRef args = pop(), cls = pop();
+        PyRef o = make_text(Kind::object, cls->text);
+        o->args = args;
+        stack_.push_back(o);
+        break;
+      }
+      case 0x92: {  // NEWOBJ_EX
+        pop();  // kwargs
+        PyRef args = pop(), cls = pop();
+        PyRef o = make_text(Kind::object, cls->text);
+        o->args = args;
+        stack_.push_back(o);
+        break;
+      }
+      case 'o': {  // OBJ: MARK cls args... OBJ
+        std::vector<PyRef> v = pop_to_mark();
+        if (v.empty()) fail("OBJ without a class");
+        PyRef o = make_text(Kind::object, v[0]->text);
+        o->args = tuple(std::vector<PyRef>(v.begin() + 1, v.end()));
+        stack_.push_back(o);
+        break;
+      }
+      case 'i': {  // INST: module and name lines, MARK args
+        const std::string module = line(), name = line();
+        PyRef o = make_text(Kind::object, module + "." + name);
+        o->args = tuple(pop_to_mark());
+        stack_.push_back(o);
+        break;
+      }
+      case 'b': {  // BUILD
+        PyRef state = pop();
+        PyValue& obj = *top();
+        if (obj.kind == Kind::object) obj.state = state;  // a dict's attributes (OrderedDict._metadata) are dropped
+        break;
+      }
+      case 'Q': {
+        PyRef pid = pop();
+        stack_.push_back(persistent(pid));
+        break;
+      }
+      case 'P': fail("a text persistent id (PERSID), which torch.save does not write");
+      default: {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", op);
+        fail(std::string("opcode ") + hex + ", which torch.save does not write (not a torch file, or damaged)");
+      }
+    }
+  }
+
+  const char* p_;
+  const char* begin_;
+  const char* end_;
+  StorageLoader storages_;
+  std::vector<PyRef> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, PyRef> memo_;
+  std::map<std::string, PyRef> storages_cache_;
+};
+
+at::Tensor storage_from_bytes(const void* data, size_t nbytes, at::ScalarType dtype) {
+  const size_t element = c10::elementSize(dtype);
+  if (nbytes % element) throw std::runtime_error("a storage whose size is not a whole number of elements");
+  at::Tensor t = at::empty({int64_t(nbytes / element)}, at::TensorOptions().dtype(dtype));
+  if (nbytes) std::memcpy(t.data_ptr(), data, nbytes);
+  return t;
+}
+
+template <class T>
+T read_le(const std::string& b, size_t at) {
+  if (at + sizeof(T) > b.size()) throw std::runtime_error("byte " + std::to_string(at) + ": the zip directory runs past the end of the file");
+  T v;
+  std::memcpy(&v, b.data() + at, sizeof(T));
+  return v;
+}
+
+// The zip archive torch.save writes: stored (uncompressed) records under one folder. Each
+// record's CRC-32 is checked, so a damaged byte is found (LibTorch's own reader skips the check).
+class ZipRecords {
+ public:
+  explicit ZipRecords(std::string bytes) : bytes_(std::move(bytes)) {
+    const size_t n = bytes_.size();
+    if (n < 22) throw std::runtime_error("too short for a zip archive (truncated?)");
+    size_t eocd = std::string::npos;
+    for (size_t i = n - 22 + 1; i-- > (n > 22 + 65535 ? n - 22 - 65535 : 0);)
+      if (read_le<uint32_t>(bytes_, i) == 0x06054b50u) {
+        eocd = i;
+        break;
+      }
+    if (eocd == std::string::npos) throw std::runtime_error("no zip end-of-directory record (truncated file?)");
+    uint64_t entries = read_le<uint16_t>(bytes_, eocd + 10);
+    uint64_t dir = read_le<uint32_t>(bytes_, eocd + 16);
+    if (dir == 0xFFFFFFFFu || entries == 0xFFFFu) {  // zip64: its end record precedes the locator
+      if (eocd < 20 || read_le<uint32_t>(bytes_, eocd - 20) != 0x07064b50u) throw std::runtime_error("a zip64 archive without its locator");
+      const uint64_t z64 = read_le<uint64_t>(bytes_, eocd - 20 + 8);
+      if (read_le<uint32_t>(bytes_, size_t(z64)) != 0x06064b50u) throw std::runtime_error("a damaged zip64 end record");
+      entries = read_le<uint64_t>(bytes_, size_t(z64) + 32);
+      dir = read_le<uint64_t>(bytes_, size_t(z64) + 48);
+    }
+    size_t at = size_t(dir);
+    for (uint64_t e = 0; e < entries; ++e) {
+      if (read_le<uint32_t>(bytes_, at) != 0x02014b50u) throw std::runtime_error("byte " + std::to_string(at) + ": a damaged zip directory");
+      Record r;
+      r.method = read_le<uint16_t>(bytes_, at + 10);
+      r.crc = read_le<uint32_t>(bytes_, at + 16);
+      uint64_t size = read_le<uint32_t>(bytes_, at + 20);
+      const uint16_t name_len = read_le<uint16_t>(bytes_, at + 28), extra_len = read_le<uint16_t>(bytes_, at + 30),
+                     comment_len = read_le<uint16_t>(bytes_, at + 32);
+      uint64_t local = read_le<uint32_t>(bytes_, at + 42);
+      if (at + 46 + name_len > n) throw std::runtime_error("a zip directory entry runs past the end of the file");
+      const std::string name = bytes_.substr(at + 46, name_len);
+      // zip64 extra field: 64-bit values for the fields saturated above, in this order
+      for (size_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
+        const uint16_t id = read_le<uint16_t>(bytes_, x), len = read_le<uint16_t>(bytes_, x + 2);
+        if (id == 0x0001) {
+          size_t f = x + 4;
+          if (read_le<uint32_t>(bytes_, at + 24) == 0xFFFFFFFFu) f += 8;  // uncompressed size (= size: stored)
+          if (size == 0xFFFFFFFFu) size = read_le<uint64_t>(bytes_, f), f += 8;
+          if (local == 0xFFFFFFFFu) local = read_le<uint64_t>(bytes_, f);
+        }
+        x += 4 + len;
+      }
+      if (read_le<uint32_t>(bytes_, size_t(local)) != 0x04034b50u)
+        throw std::runtime_error("record " + name + ": no local header at byte " + std::to_string(local));
+      r.offset = local + 30 + read_le<uint16_t>(bytes_, size_t(local) + 26) + read_le<uint16_t>(bytes_, size_t(local) + 28);
+      r.size = size;
+      if (r.offset + r.size > n) throw std::runtime_error("record " + name + " runs past the end of the file (truncated)");
+      // "<folder>/data.pkl" -> "data.pkl": torch.save puts everything under one folder
+      const size_t slash = name.find('/');
+      records_[slash == std::string::npos ? name : name.substr(slash + 1)] = r;
+      at += 46 + name_len + extra_len + comment_len;
+    }
+  }
+
+  bool has(const std::string& name) const { return records_.count(name) > 0; }
+  // The record's bytes, checked against its CRC-32.
+  std::pair<const char*, size_t> get(const std::string& name) const {
+    const auto it = records_.find(name);
+    if (it == records_.end()) throw std::runtime_error("the archive has no record " + name);
+    const Record& r = it->second;
+    if (r.method != 0) throw std::runtime_error("record " + name + " is compressed; torch.save stores records uncompressed");
+    const char* data = bytes_.data() + r.offset;
+    if (crc32(data, size_t(r.size)) != r.crc) throw std::runtime_error("record " + name + " is damaged (CRC-32 mismatch)");
+    return {data, size_t(r.size)};
+  }
+
+ private:
+  struct Record {
+    uint64_t offset = 0, size = 0;
+    uint32_t crc = 0;
+    uint16_t method = 0;
+  };
+  std::string bytes_;
+  std::map<std::string, Record> records_;
+};
+
+TorchFile read_zip(const std::string& path) {
+  const ZipRecords zip(read_file(path));
+  if (zip.has("byteorder")) {
+    const auto [data, size] = zip.get("byteorder");
+    if (std::string(data, size) != "little") throw std::runtime_error("big-endian data, which this reader does not read");
+  }
+  if (!zip.has("data.pkl")) throw std::runtime_error("a zip archive without data.pkl (not written by torch.save)");
+  const auto [pkl, pkl_size] = zip.get("data.pkl");
+  Unpickler u(pkl, pkl_size, [&](const std::string& key, at::ScalarType dtype, int64_t) {
+    const auto [data, size] = zip.get("data/" + key);
+    return storage_from_bytes(data, size, dtype);
+  });
+  return TorchFile{u.run(), "zip"};
+}
+
+// The legacy format: pickles one after another, then the raw storages in the order of the
+// storage-key list.
+TorchFile read_legacy(const std::string& path) {
+  const std::string bytes = read_file(path);
+  size_t pos = 0;
+  std::map<std::string, at::ScalarType> wanted;  // key -> dtype, from the main pickle's persistent ids
+  const auto next_pickle = [&](StorageLoader loader) {
+    Unpickler u(bytes.data() + pos, bytes.size() - pos, std::move(loader));
+    PyRef v = u.run();
+    pos += u.consumed();
+    return v;
+  };
+  const auto no_storage = [](const std::string&, at::ScalarType, int64_t) -> at::Tensor {
+    throw std::runtime_error("a storage outside the object pickle");
+  };
+  const PyRef magic = next_pickle(no_storage);  // 0x1950a86a20f9469cfc6c, little-endian bytes
+  if (magic->kind != Kind::bytes || magic->text != std::string("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10))
+    throw std::runtime_error("a pickle, but not a torch.save file (no magic number)");
+  const PyRef protocol = next_pickle(no_storage);
+  if (protocol->kind != Kind::integer || protocol->integer != 1001)
+    throw std::runtime_error("not a torch.save file (protocol " + protocol->describe() + ", expected 1001)");
+  next_pickle(no_storage);  // sys_info
+  // The raw storages follow the object pickle: allocate each at the size its persistent id
+  // states, fill it in once its bytes are reached.
+  std::map<std::string, at::Tensor> storages;
+  const PyRef root = next_pickle([&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    if (numel < 0) throw std::runtime_error("storage " + key + " without an element count");
+    wanted[key] = dtype;
+    at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    storages[key] = t;
+    return t;
+  });
+  const PyRef keys = next_pickle(no_storage);
+  if (keys->kind != Kind::list) throw std::runtime_error("no storage key list after the object");
+  for (const auto& k : keys->items) {
+    const std::string key = k->text;
+    const auto it = wanted.find(key);
+    if (it == wanted.end()) throw std::runtime_error("storage " + key + " listed but never used");
+    if (bytes.size() - pos < 8) throw std::runtime_error("byte " + std::to_string(pos) + ": the file ends before storage " + key);
+    int64_t numel = 0;
+    std::memcpy(&numel, bytes.data() + pos, 8);
+    pos += 8;
+    at::Tensor& t = storages[key];
+    if (numel != t.numel())
+      throw std::runtime_error("byte " + std::to_string(pos) + ": storage " + key + " holds " + std::to_string(numel) +
+                               " elements, its tensors expect " + std::to_string(t.numel()));
+    const size_t nbytes = size_t(numel) * c10::elementSize(it->second);
+    if (bytes.size() - pos < nbytes)
+      throw std::runtime_error("byte " + std::to_string(pos) + ": the file ends inside storage " + key + " (truncated)");
+    if (nbytes) std::memcpy(t.data_ptr(), bytes.data() + pos, nbytes);  // the rebuilt tensors view it
+    pos += nbytes;
+  }
+  if (storages.size() != keys->items.size()) throw std::runtime_error("the storage key list misses storages of the object");
+  return TorchFile{root, "legacy"};
+}
+
+}  // namespace
+
+const PyValue* PyValue::get(const std::string& key) const {
+  if (kind == Kind::object) return state ? state->get(key) : nullptr;
+  if (kind != Kind::dict) return nullptr;
+  for (const auto& [k, v] : entries)
+    if (k->kind == Kind::string && k->text == key) return v.get();
+  return nullptr;
+}
+
+std::string PyValue::describe() const {
+  switch (kind) {
+    case Kind::none: return "None";
+    case Kind::boolean: return boolean ? "True" : "False";
+    case Kind::integer: return std::to_string(integer);
+    case Kind::real: return std::to_string(real);
+    case Kind::string: return "'" + text + "'";
+    case Kind::bytes: return "bytes";
+    case Kind::list: return "list";
+    case Kind::tuple: return "tuple";
+    case Kind::dict: return "dict";
+    case Kind::tensor: return "tensor";
+    case Kind::global: return "class " + text;
+    case Kind::object: return "object " + text;
+  }
+  return "?";
+}
+
+bool looks_like_torch_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[2] = {};
+  if (!f.read(head, 2)) return false;
+  return (head[0] == 'P' && head[1] == 'K') || uint8_t(head[0]) == 0x80;
+}
+
+TorchFile read_torch_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(path + ": cannot open the file");
+  char head[2] = {};
+  f.read(head, 2);
+  f.close();
+  try {
+    if (head[0] == 'P' && head[1] == 'K') return read_zip(path);
+    if (uint8_t(head[0]) == 0x80) return read_legacy(path);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw InputError(path + ": cannot read it as a torch.save file: " + e.what());
+  }
+  throw InputError(path + ": not a torch.save file (neither a zip archive nor a pickle)");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> module_state(const PyValue& v) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::function<void(const PyValue&, const std::string&)> walk = [&](const PyValue& m, const std::string& prefix) {
+    const PyValue* params = m.get("_parameters");
+    const PyValue* buffers = m.get("_buffers");
+    const PyValue* children = m.get("_modules");
+    std::set<std::string> transient;
+    if (const PyValue* np = m.get("_non_persistent_buffers_set"))
+      for (const auto& n : np->items) transient.insert(n->text);
+    for (const PyValue* group : {params, buffers}) {
+      if (!group) continue;
+      for (const auto& [k, t] : group->entries)
+        if (t->kind == Kind::tensor && !(group == buffers && transient.count(k->text))) out.emplace_back(prefix + k->text, t->tensor);
+    }
+    if (children)
+      for (const auto& [k, c] : children->entries)
+        if (c->kind == Kind::object) walk(*c, prefix + k->text + ".");
+  };
+  if (v.is_object() && v.get("_modules")) {
+    walk(v, "");
+  } else if (v.is_dict()) {
+    for (const auto& [k, t] : v.entries)
+      if (k->kind == Kind::string && t->kind == Kind::tensor) out.emplace_back(k->text, t->tensor);
+  }
+  return out;
+}
+
+}  // namespace headroom::interop

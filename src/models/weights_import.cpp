@@ -1,0 +1,398 @@
+#include "headroom/models/weights_import.h"
+
+#include <ATen/ATen.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/json.h"
+#include "headroom/core/logging.h"
+#include "headroom/interop/safetensors.h"
+#include "headroom/interop/torch_file.h"
+
+namespace headroom::models {
+
+namespace {
+
+using interop::PyValue;
+using Kind = interop::PyValue::Kind;
+
+// The model YAML a checkpoint pickles (a dict) as YAML text for our model builder.
+void emit(YAML::Emitter& e, const PyValue& v) {
+  switch (v.kind) {
+    case Kind::none: e << YAML::Null; break;
+    case Kind::boolean: e << (v.boolean ? "True" : "False"); break;
+    case Kind::integer: e << v.integer; break;
+    case Kind::real: e << v.real; break;
+    case Kind::string: e << YAML::DoubleQuoted << v.text; break;
+    case Kind::list:
+    case Kind::tuple:
+      e << YAML::Flow << YAML::BeginSeq;
+      for (const auto& x : v.items) emit(e, *x);
+      e << YAML::EndSeq;
+      break;
+    case Kind::dict:
+      e << YAML::BeginMap;
+      for (const auto& [k, x] : v.entries) {
+        e << YAML::Key << (k->kind == Kind::string ? k->text : k->describe()) << YAML::Value;
+        emit(e, *x);
+      }
+      e << YAML::EndMap;
+      break;
+    default: throw std::runtime_error("the model YAML holds a " + v.describe());
+  }
+}
+
+std::string yaml_text(const PyValue& dict) {
+  YAML::Emitter e;
+  emit(e, dict);
+  return e.c_str();
+}
+
+// model.names: {0: 'person', ...} (Ultralytics) or ['person', ...] (YOLOv5).
+std::vector<std::string> class_names(const PyValue* v) {
+  std::vector<std::string> out;
+  if (!v) return out;
+  if (v->kind == Kind::list || v->kind == Kind::tuple) {
+    for (const auto& n : v->items) out.push_back(n->text);
+  } else if (v->is_dict()) {
+    std::map<int64_t, std::string> byid;
+    for (const auto& [k, n] : v->entries) byid[k->integer] = n->text;
+    for (const auto& [id, n] : byid) out.push_back(n);
+  }
+  return out;
+}
+
+bool has(const std::vector<std::pair<std::string, at::Tensor>>& t, const std::string& name) {
+  for (const auto& [k, v] : t)
+    if (k == name) return true;
+  return false;
+}
+
+const at::Tensor* find(const std::vector<std::pair<std::string, at::Tensor>>& t, const std::string& name) {
+  for (const auto& [k, v] : t)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+Naming guess_naming(const std::vector<std::pair<std::string, at::Tensor>>& t) {
+  for (const auto& [k, v] : t) {
+    if (k.rfind("pre.0.", 0) == 0 || k.rfind("kps.0.", 0) == 0) return Naming::centernet;
+    if (k.find(".cb.") != std::string::npos || k.rfind("head.", 0) == 0) return Naming::headroom;
+  }
+  return Naming::ultralytics;
+}
+
+// xingyizhou's exkp, read off its tensors: stem, stacks, channels and blocks per level, heads.
+ModelSpec centernet_spec(const std::vector<std::pair<std::string, at::Tensor>>& t, const std::string& path) {
+  const auto dim0 = [&](const std::string& name) -> int64_t {
+    const at::Tensor* x = find(t, name);
+    if (!x) throw InputError(path + ": a CenterNet checkpoint without " + name + " (not an Hourglass network?)");
+    return x->size(0);
+  };
+  const auto count = [&](const std::string& prefix) {
+    int64_t n = 0;
+    while (has(t, prefix + std::to_string(n) + ".conv1.weight")) ++n;
+    return n;
+  };
+  int64_t stacks = 0;
+  while (has(t, "kps." + std::to_string(stacks) + ".up1.0.conv1.weight")) ++stacks;
+  std::vector<int64_t> dims, blocks;
+  std::string level = "kps.0.";
+  for (;;) {
+    dims.push_back(dim0(level + "up1.0.conv1.weight"));
+    blocks.push_back(count(level + "up1."));
+    if (!has(t, level + "low2.up1.0.conv1.weight")) {  // the innermost level: a run of blocks
+      dims.push_back(dim0(level + "low1.0.conv1.weight"));
+      blocks.push_back(count(level + "low2."));
+      break;
+    }
+    level += "low2.";
+  }
+  const auto list = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  ModelSpec s;
+  s.nc = dim0("hm.0.1.weight");
+  s.file = path + " (CenterNet Hourglass read off the checkpoint)";
+  s.text = "nc: " + std::to_string(s.nc) + "\nbackbone:\n  - [-1, 1, HourglassStem, [" + std::to_string(dim0("pre.0.conv.weight")) + ", " +
+           std::to_string(dim0("pre.1.conv1.weight")) + "]]\n  - [-1, 1, Hourglass, [" + std::to_string(stacks) + ", " + list(dims) +
+           ", " + list(blocks) + ", " + std::to_string(dim0("cnvs.0.conv.weight")) + "]]\nhead:\n  - [-1, 1, CenterNetHead, [nc, " +
+           std::to_string(dim0("hm.0.0.conv.weight")) + "]]\n";
+  return s;
+}
+
+std::string shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+std::string first(const std::vector<std::string>& v, size_t n = 5) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < n; ++i) s += (i ? ", " : "") + v[i];
+  if (v.size() > n) s += ", ... (" + std::to_string(v.size() - n) + " more)";
+  return s;
+}
+
+// Regex rewrites, applied in order, from our names to xingyizhou/CenterNet's.
+const std::vector<std::pair<std::regex, std::string>>& centernet_rules() {
+  static const std::vector<std::pair<std::regex, std::string>> rules = [] {
+    std::vector<std::pair<std::regex, std::string>> r;
+    const auto add = [&](const char* from, const char* to) { r.emplace_back(std::regex(from), to); };
+    add(R"(^model\.0\.m\.0\.conv\.cb\.)", "pre.0.");
+    add(R"(^model\.0\.m\.0\.res\.)", "pre.1.");
+    add(R"(^model\.1\.kps(\d+)\.)", "kps.$1.");
+    add(R"(^model\.1\.cnvs(\d+)\.cb\.)", "cnvs.$1.");
+    add(R"(^model\.1\.inters(\d+)\.)", "inters.$1.");
+    add(R"(^model\.1\.(inters_|cnvs_)(\d+)\.conv\.)", "$1.$2.0.");  // Sequential(Conv2d, BatchNorm2d)
+    add(R"(^model\.1\.(inters_|cnvs_)(\d+)\.bn\.)", "$1.$2.1.");
+    add(R"(^head\.heatmap\.(\d+)\.0\.cb\.)", "hm.$1.0.");
+    add(R"(^head\.size\.(\d+)\.0\.cb\.)", "wh.$1.0.");
+    add(R"(^head\.offset\.(\d+)\.0\.cb\.)", "reg.$1.0.");
+    add(R"(^head\.heatmap\.(\d+)\.1\.conv\.)", "hm.$1.1.");
+    add(R"(^head\.size\.(\d+)\.1\.conv\.)", "wh.$1.1.");
+    add(R"(^head\.offset\.(\d+)\.1\.conv\.)", "reg.$1.1.");
+    // residual: conv1/bn1, conv2/bn2, skip = Sequential(Conv2d, BatchNorm2d)
+    add(R"(\.conv([12])\.conv\.)", ".conv$1.");
+    add(R"(\.conv([12])\.bn\.)", ".bn$1.");
+    add(R"(\.skip\.conv\.)", ".skip.0.");
+    add(R"(\.skip\.bn\.)", ".skip.1.");
+    return r;
+  }();
+  return rules;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model, Naming naming) {
+  std::vector<std::string> ours;
+  for (const auto& p : model.named_parameters()) ours.push_back(p.key());
+  for (const auto& b : model.named_buffers()) ours.push_back(b.key());
+  std::vector<std::pair<std::string, std::string>> out;
+  if (naming == Naming::headroom) {
+    for (const auto& n : ours) out.emplace_back(n, n);
+    return out;
+  }
+  if (naming == Naming::centernet) {
+    for (const auto& n : ours) {
+      std::string r = n;
+      for (const auto& [re, to] : centernet_rules()) r = std::regex_replace(r, re, to);
+      out.emplace_back(n, r);
+    }
+    return out;
+  }
+  // Ultralytics: rows are model.<i>; a row of one module has no index level (`model.3.conv`),
+  // a row of n > 1 copies is a Sequential (`model.3.1.conv`); the head is the last row.
+  const std::set<std::string> names(ours.begin(), ours.end());
+  const std::string head = "model." + std::to_string(model.layers().size() - 1) + ".";
+  std::set<std::string> repeated_rows;
+  static const std::regex row_item(R"(^model\.(\d+)\.m\.(\d+)\.)");
+  for (const auto& n : ours) {
+    std::smatch m;
+    if (std::regex_search(n, m, row_item) && m[2].str() != "0") repeated_rows.insert(m[1].str());
+  }
+  for (const auto& n : ours) {
+    std::string r = n;
+    // A ConvBn without BatchNorm is a plain Conv2d there (`cv2.0.2.weight`); with one, the
+    // wrapper Conv holds conv and bn directly.
+    const size_t dot = r.rfind('.');
+    const std::string holder = r.substr(0, dot), leaf = r.substr(dot + 1);
+    if (holder.size() > 5 && holder.compare(holder.size() - 5, 5, ".conv") == 0 && names.count(holder + ".bias"))
+      r = holder.substr(0, holder.size() - 5) + "." + leaf;
+    if (r == "head.dfl.weight") r = "head.dfl.conv.weight";
+    std::smatch m;
+    if (std::regex_search(r, m, row_item))
+      r = "model." + m[1].str() + "." + (repeated_rows.count(m[1].str()) ? m[2].str() + "." : "") + m.suffix().str();
+    if (r.rfind("head.", 0) == 0) r = head + r.substr(5);
+    r = std::regex_replace(r, std::regex(R"(\.cb\.)"), ".");
+    out.emplace_back(n, r);
+  }
+  return out;
+}
+
+ImportedWeights read_imported_weights(const std::string& path) {
+  ImportedWeights w;
+  w.path = path;
+  if (!std::filesystem::is_regular_file(path)) throw InputError(path + ": weights file not found");
+  if (interop::looks_like_safetensors(path)) {
+    interop::SafeTensors st = interop::read_safetensors(path);
+    w.tensors = std::move(st.tensors);
+    w.source = "safetensors";
+    const auto yaml = st.metadata.find("headroom_model_yaml");
+    if (yaml != st.metadata.end()) {
+      w.naming = Naming::headroom;
+      w.source = "Headroom safetensors";
+      ModelSpec s;
+      s.text = yaml->second;
+      s.file = st.metadata.count("headroom_model_file") ? st.metadata["headroom_model_file"] : path;
+      s.scale = st.metadata["headroom_scale"];
+      s.nc = std::stoll(st.metadata.count("headroom_nc") ? st.metadata["headroom_nc"] : "-1");
+      w.model = s;
+      if (st.metadata.count("headroom_names")) {
+        const Json names = Json::parse(st.metadata["headroom_names"], path + " (metadata headroom_names)");
+        for (const auto& n : names.items()) w.names.push_back(n.as_string());
+      }
+    } else {
+      w.naming = guess_naming(w.tensors);
+    }
+    if (w.naming == Naming::centernet && !w.model) w.model = centernet_spec(w.tensors, path);
+    return w;
+  }
+  if (!interop::looks_like_torch_file(path))
+    throw InputError(path + ": not a weights file Headroom reads (a Headroom .pt, a torch.save file or safetensors)");
+  const interop::TorchFile tf = interop::read_torch_file(path);
+  const PyValue& root = *tf.root;
+  const PyValue* ema = root.get("ema");
+  const PyValue* model = ema && ema->is_object() ? ema : root.get("model");
+  if (model && model->is_object()) {  // Ultralytics / YOLOv5: a pickled DetectionModel
+    const bool ultralytics = model->text.rfind("ultralytics.", 0) == 0;
+    const PyValue* version = root.get("version");
+    w.source = std::string(ultralytics ? "Ultralytics" : "YOLOv5") +
+               (version && version->kind == Kind::string ? " " + version->text : "") + " " + model->text.substr(model->text.rfind('.') + 1);
+    w.naming = Naming::ultralytics;
+    w.tensors = interop::module_state(*model);
+    if (w.tensors.empty()) throw InputError(path + ": its " + model->describe() + " holds no tensors");
+    const PyValue* yaml = model->get("yaml");
+    if (!yaml || !yaml->is_dict())
+      throw InputError(path + ": its " + model->describe() + " carries no model YAML ('yaml'), so its architecture is unknown");
+    ModelSpec s;
+    s.file = path + " (model YAML of " + w.source + ")";
+    try {
+      s.text = yaml_text(*yaml);
+    } catch (const std::exception& e) {
+      throw InputError(path + ": cannot read its model YAML: " + e.what());
+    }
+    if (const PyValue* sc = yaml->get("scale"); sc && sc->kind == Kind::string) s.scale = sc->text;
+    if (const PyValue* nc = yaml->get("nc"); nc && nc->kind == Kind::integer) s.nc = nc->integer;
+    w.model = s;
+    w.names = class_names(model->get("names"));
+    return w;
+  }
+  const PyValue* sd = root.get("state_dict");
+  if (!sd) sd = &root;
+  w.tensors = interop::module_state(*sd);
+  if (w.tensors.empty()) {
+    std::string keys;
+    for (const auto& [k, v] : root.entries) keys += (keys.empty() ? "" : ", ") + k->describe();
+    throw InputError(path + ": a torch.save file holding " + root.describe() + (keys.empty() ? "" : " with keys " + keys) +
+                     "; expected an Ultralytics or YOLOv5 checkpoint ('model' or 'ema'), a CenterNet checkpoint ('state_dict') "
+                     "or a state_dict of tensors");
+  }
+  for (auto& [k, v] : w.tensors)
+    if (k.rfind("module.", 0) == 0) k = k.substr(7);  // DataParallel
+  w.naming = guess_naming(w.tensors);
+  w.source = w.naming == Naming::centernet ? "CenterNet state_dict" : "state_dict";
+  if (w.naming == Naming::centernet) w.model = centernet_spec(w.tensors, path);
+  return w;
+}
+
+ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head) {
+  ImportReport r;
+  std::map<std::string, const at::Tensor*> theirs;
+  for (const auto& [k, v] : w.tensors) theirs[k] = &v;
+  std::set<std::string> used;
+  std::map<std::string, at::Tensor> ours;
+  for (const auto& p : model.named_parameters()) ours[p.key()] = p.value();
+  for (const auto& b : model.named_buffers()) ours[b.key()] = b.value();
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // into, from
+  for (const auto& [mine, name] : file_names(model, w.naming)) {
+    const at::Tensor& into = ours.at(mine);
+    const auto it = theirs.find(name);
+    if (it == theirs.end()) {
+      // PyTorch before 0.4.1 saved no BatchNorm step counters; they only matter with momentum=None.
+      if (mine.size() < 20 || mine.compare(mine.size() - 20, 20, ".num_batches_tracked") != 0) r.missing.push_back(mine);
+      continue;
+    }
+    used.insert(name);
+    at::Tensor from = *it->second;
+    // YOLOv5 v7.0 keeps anchors in grid units of each level; ours are pixels.
+    if (w.naming == Naming::ultralytics && mine == "head.anchors" && from.dim() == 3) {
+      const auto& s = model.info().strides;
+      from = from.to(at::kFloat) * at::tensor(std::vector<float>(s.begin(), s.end())).view({-1, 1, 1});
+    }
+    if (!from.sizes().equals(into.sizes())) {
+      const std::string what = mine + ": " + shape_text(from) + " in the file, " + shape_text(into) + " here";
+      (new_head && mine.rfind("head.", 0) == 0 ? r.reinitialised : r.mismatched).push_back(what);
+      continue;
+    }
+    copies.emplace_back(into, from);
+  }
+  for (const auto& [k, v] : w.tensors)
+    if (!used.count(k) && k.find("anchor_grid") == std::string::npos) r.unexpected.push_back(k);  // YOLOv5 v5's cached grids
+  r.matched = int64_t(copies.size());
+  spdlog::info("{}: {} tensors matched, {} missing, {} unexpected, {} shape mismatches, {} head tensors re-initialised", w.path,
+               r.matched, r.missing.size(), r.unexpected.size(), r.mismatched.size(), r.reinitialised.size());
+  if (!r.missing.empty() || !r.unexpected.empty() || !r.mismatched.empty()) {
+    std::string why;
+    if (!r.missing.empty()) why += "\n  missing from the file (" + std::to_string(r.missing.size()) + "): " + first(r.missing);
+    if (!r.unexpected.empty()) why += "\n  not in this model (" + std::to_string(r.unexpected.size()) + "): " + first(r.unexpected);
+    if (!r.mismatched.empty()) why += "\n  other shapes (" + std::to_string(r.mismatched.size()) + "): " + first(r.mismatched, 3);
+    throw InputError(w.path + ": " + w.source + " does not fit model " + model.yaml_file() + (model.scale().empty() ? "" : " scale " + model.scale()) +
+                     " (another architecture?); nothing was loaded:" + why);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [into, from] : copies) into.copy_(from);
+  if (!r.reinitialised.empty())
+    spdlog::info("{}: the head's class outputs are re-initialised for {} classes ({})", w.path, model.info().nc, first(r.reinitialised, 2));
+  return r;
+}
+
+std::optional<ModelSpec> carried_model(const std::string& path) {
+  if (has_headroom_trailer(path)) return std::nullopt;
+  // Several parts build the model (the run's, the EMA copy, the layer table): read the file once.
+  static std::mutex mutex;
+  static std::map<std::string, std::pair<std::filesystem::file_time_type, std::optional<ModelSpec>>> cache;
+  std::error_code ec;
+  const auto stamp = std::filesystem::last_write_time(path, ec);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(path);
+  if (it != cache.end() && it->second.first == stamp) return it->second.second;
+  const ImportedWeights w = read_imported_weights(path);
+  // CenterNet: the config's Hourglass; the import checks it against the tensors.
+  const std::optional<ModelSpec> spec = w.naming == Naming::centernet ? std::nullopt : w.model;
+  cache[path] = {stamp, spec};
+  return spec;
+}
+
+LoadedWeights load_any_weights(const std::string& path, c10::Device device) {
+  if (has_headroom_trailer(path)) return load_weights(path, device);
+  ImportedWeights w = read_imported_weights(path);
+  if (!w.model)
+    throw InputError(path + ": " + w.source + " carries no model description; start a run from it with model.init_from=" + path +
+                     " and model.file naming its architecture");
+  LoadedWeights out;
+  try {
+    out.model = Detector(*w.model);
+  } catch (const InputError& e) {
+    throw InputError(path + ": its model (" + w.source + ") cannot be built here: " + e.what());
+  }
+  import_weights(*out.model, w, /*new_head=*/false);
+  out.model->to(device);
+  out.info.names = w.names;
+  for (int64_t i = int64_t(out.info.names.size()); i < out.model->info().nc; ++i) out.info.names.push_back("class" + std::to_string(i));
+  return out;
+}
+
+void save_safetensors_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path, bool half) {
+  interop::SafeTensors st;
+  for (const auto& p : model.named_parameters()) st.tensors.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) st.tensors.emplace_back(b.key(), b.value());
+  if (half)
+    for (auto& [k, t] : st.tensors)
+      if (t.is_floating_point()) t = t.to(at::kHalf);
+  Json names = Json::array();
+  for (const auto& n : info.names) names.push_back(n);
+  st.metadata = {{"format", "pt"},
+                 {"headroom_model_yaml", model.yaml_text()},
+                 {"headroom_model_file", model.yaml_file()},
+                 {"headroom_scale", model.scale()},
+                 {"headroom_nc", std::to_string(model.info().nc)},
+                 {"headroom_names", names.dump()}};
+  interop::write_safetensors(path, st);
+}
+
+}  // namespace headroom::models

@@ -1,0 +1,271 @@
+// Weights in and out: files made by the reference libraries themselves (Ultralytics, YOLOv5
+// v7.0, xingyizhou/CenterNet, safetensors; scripts/make_interop_fixtures.py) load into our
+// models and give the outputs those libraries computed on the same input.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "headroom/core/errors.h"
+#include "headroom/interop/safetensors.h"
+#include "headroom/interop/torch_file.h"
+#include "headroom/models/weights_import.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::models;
+
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/" + name; }
+
+std::map<std::string, at::Tensor> reference(const std::string& name) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [k, t] : interop::read_safetensors(fixture(name + ".ref.safetensors")).tensors) out[k] = t;
+  return out;
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+
+// Our outputs against the library's, in fp32 and in fp64. `want` maps each of our outputs
+// ("pred" level l, "heatmap" stack s, ...) to the reference tensor's name. fp64 shows a
+// structural difference (a wrong layer, an eps, an order) at once: the bound is 1e-9 of the
+// output's scale. fp32 differs by rounding, accumulated over the depth: within 1e-4 of it.
+void expect_library_outputs(DetectorImpl& model, const std::map<std::string, at::Tensor>& ref,
+                            const std::vector<std::tuple<std::string, size_t, std::string>>& want, const std::string& what) {
+  model.eval();
+  at::NoGradGuard no_grad;
+  const HeadOutputs out32 = model.forward(ref.at("input"));
+  model.to(at::kDouble);
+  const HeadOutputs out64 = model.forward(ref.at("input").to(at::kDouble));
+  model.to(at::kFloat);
+  for (const auto& [name, i, key] : want) {
+    const at::Tensor& r32 = ref.at(key);
+    const at::Tensor& r64 = ref.at(key + "_f64");
+    ASSERT_EQ(out32.at(name)[i].sizes(), r32.sizes()) << what << " " << key;
+    const double scale = std::max(1.0, r64.abs().max().item<double>());
+    const double d32 = max_abs(out32.at(name)[i], r32), d64 = max_abs(out64.at(name)[i], r64);
+    EXPECT_LT(d32, 1e-4 * scale) << what << " " << key << " (fp32; outputs up to " << scale << ")";
+    EXPECT_LT(d64, 1e-9 * scale) << what << " " << key << " (fp64)";
+    std::printf("%s %s: max |diff| fp32 %.3g, fp64 %.3g (outputs up to %.3g)\n", what.c_str(), key.c_str(), d32, d64, scale);
+  }
+}
+
+std::string thrown(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every parameter and buffer of the model, cloned.
+std::vector<at::Tensor> snapshot(DetectorImpl& m) {
+  std::vector<at::Tensor> v;
+  for (const auto& p : m.named_parameters()) v.push_back(p.value().detach().clone());
+  for (const auto& b : m.named_buffers()) v.push_back(b.value().detach().clone());
+  return v;
+}
+
+bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!at::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(Interop, UltralyticsCheckpointsGiveTheLibrarysOutputs) {
+  for (const std::string name : {"ul_yolov8t", "ul_yolo11t", "ul_yolov5tu"}) {
+    LoadedWeights w = load_any_weights(fixture(name + ".pt"), c10::Device(c10::kCPU));
+    EXPECT_EQ(w.model->info().family, "yolov8") << name;
+    EXPECT_EQ(w.model->info().nc, 3) << name;
+    EXPECT_EQ(w.info.names.size(), 3u) << name;
+    // per level [B, 4 * reg_max + nc, H, W]
+    expect_library_outputs(*w.model, reference(name), {{"pred", 0, "raw0"}, {"pred", 1, "raw1"}, {"pred", 2, "raw2"}}, name);
+  }
+}
+
+TEST(Interop, YoloV5v7CheckpointKeepsItsAnchors) {
+  LoadedWeights w = load_any_weights(fixture("yolov5v7_t.pt"), c10::Device(c10::kCPU));
+  EXPECT_EQ(w.model->info().family, "yolov5");
+  auto ref = reference("yolov5v7_t");
+  // The library keeps anchors in grid units of each level; ours are pixels.
+  const at::Tensor stride = ref.at("stride").to(at::kFloat).view({-1, 1, 1});
+  EXPECT_LT(max_abs(w.model->info().anchors, ref.at("anchors").to(at::kFloat) * stride), 1e-4);
+  // per level [B, anchors, H, W, 5 + nc]
+  expect_library_outputs(*w.model, ref, {{"pred", 0, "raw0"}, {"pred", 1, "raw1"}, {"pred", 2, "raw2"}}, "yolov5v7_t");
+}
+
+TEST(Interop, CenterNetCheckpointsInBothFormats) {
+  auto ref = reference("centernet_hg_t");
+  for (const std::string file : {"centernet_hg_t_legacy.pth", "centernet_hg_t_zip.pth"}) {
+    EXPECT_EQ(interop::read_torch_file(fixture(file)).format, file.find("legacy") != std::string::npos ? "legacy" : "zip");
+    LoadedWeights w = load_any_weights(fixture(file), c10::Device(c10::kCPU));
+    EXPECT_EQ(w.model->info().family, "centernet") << file;
+    EXPECT_EQ(w.model->info().stacks, 2) << file;
+    std::vector<std::tuple<std::string, size_t, std::string>> want;
+    for (size_t s = 0; s < 2; ++s)
+      for (const auto& [ours, theirs] : std::vector<std::pair<std::string, std::string>>{{"heatmap", "hm"}, {"size", "wh"}, {"offset", "reg"}})
+        want.emplace_back(ours, s, theirs + std::to_string(s));
+    expect_library_outputs(*w.model, ref, want, file);
+  }
+}
+
+// The reference library's file, read tensor by tensor against the values it printed.
+TEST(Interop, SafetensorsWrittenByTheReferenceLibrary) {
+  const interop::SafeTensors st = interop::read_safetensors(fixture("hf_tensors.safetensors"));
+  EXPECT_EQ(st.metadata.at("note"), "fixture");
+  std::map<std::string, at::Tensor> got(st.tensors.begin(), st.tensors.end());
+  std::ifstream expected(fixture("hf_tensors.expected.txt"));
+  std::string line, name;
+  int checked = 0;
+  while (std::getline(expected, line)) {
+    std::istringstream in(line);
+    std::string what;
+    in >> what;
+    if (what == "tensor") {
+      std::string dtype, shape;
+      in >> name >> dtype >> shape;
+      ASSERT_TRUE(got.count(name)) << name;
+      std::string sizes;
+      for (int64_t s : got.at(name).sizes()) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
+      EXPECT_EQ("[" + sizes + "]", shape) << name;
+    } else if (what == "bits") {  // floating point: the exact bit patterns
+      const at::Tensor t = got.at(name).contiguous();
+      const size_t width = t.element_size();
+      std::string hex;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, static_cast<const char*>(t.data_ptr()) + size_t(i) * width, width);
+        char buf[24];
+        std::snprintf(buf, sizeof buf, "0x%0*llx", int(width * 2), static_cast<unsigned long long>(bits));
+        std::string want;
+        in >> want;
+        EXPECT_EQ(buf, want) << name << "[" << i << "]";
+      }
+      ++checked;
+    } else if (what == "values" && !got.at(name).is_floating_point()) {
+      const at::Tensor t = got.at(name).to(at::kLong).flatten();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        long long want = 0;
+        in >> want;
+        EXPECT_EQ(t[i].item<int64_t>(), want) << name << "[" << i << "]";
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, int(st.tensors.size()));
+}
+
+TEST(Interop, SafetensorsExportComesBack) {
+  const std::string dir = test::temp_dir("safetensors");
+  LoadedWeights w = load_any_weights(fixture("ul_yolo11t.pt"), c10::Device(c10::kCPU));
+  w.model->eval();
+  save_safetensors_weights(*w.model, w.info, dir + "/m.safetensors");
+  save_safetensors_weights(*w.model, w.info, dir + "/h.safetensors", /*half=*/true);
+  const at::Tensor x = reference("ul_yolo11t").at("input");
+  at::NoGradGuard no_grad;
+  const HeadOutputs want = w.model->forward(x);
+  for (const std::string f : {"m", "h"}) {
+    LoadedWeights back = load_any_weights(dir + "/" + f + ".safetensors", c10::Device(c10::kCPU));
+    EXPECT_EQ(back.info.names, w.info.names);
+    EXPECT_EQ(back.model->parameter_count(), w.model->parameter_count());
+    back.model->eval();
+    const HeadOutputs got = back.model->forward(x);
+    for (size_t l = 0; l < 3; ++l) {
+      // fp32: the same bits; fp16 storage: within fp16 rounding of the weights
+      const double d = max_abs(got.at("pred")[l], want.at("pred")[l]);
+      if (f == "m")
+        EXPECT_EQ(d, 0.0);
+      else
+        EXPECT_LT(d, 0.05);
+    }
+  }
+}
+
+TEST(Interop, AnotherArchitectureIsRefusedAndNothingIsLoaded) {
+  // YOLOv8 weights into the YOLO11 model of the same width: names and shapes differ.
+  LoadedWeights target = load_any_weights(fixture("ul_yolo11t.pt"), c10::Device(c10::kCPU));
+  const std::vector<at::Tensor> before = snapshot(*target.model);
+  const ImportedWeights v8 = read_imported_weights(fixture("ul_yolov8t.pt"));
+  const std::string err = thrown([&] { import_weights(*target.model, v8, /*new_head=*/true); });
+  EXPECT_NE(err.find("ul_yolov8t.pt"), std::string::npos) << err;
+  EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
+  EXPECT_NE(err.find("nothing was loaded"), std::string::npos) << err;
+  EXPECT_TRUE(same(before, snapshot(*target.model)));
+}
+
+TEST(Interop, AnotherClassCountKeepsEverythingButTheClassOutputs) {
+  ImportedWeights w = read_imported_weights(fixture("ul_yolov8t.pt"));
+  ModelSpec spec = *w.model;
+  spec.nc = 5;
+  Detector m(spec);
+  const ImportReport r = import_weights(*m, w, /*new_head=*/true);
+  EXPECT_TRUE(r.missing.empty());
+  EXPECT_TRUE(r.unexpected.empty());
+  ASSERT_EQ(r.reinitialised.size(), 6u);  // per level: the class conv's weight and bias
+  for (const auto& s : r.reinitialised) EXPECT_NE(s.find("head.cv3."), std::string::npos) << s;
+  // and the backbone is the file's
+  std::map<std::string, at::Tensor> file(w.tensors.begin(), w.tensors.end());
+  EXPECT_TRUE(at::equal(m->named_parameters()["model.0.m.0.cb.conv.weight"], file.at("model.0.conv.weight").to(at::kFloat)));
+  // without permission the same file is refused
+  Detector strict(spec);
+  EXPECT_NE(thrown([&] { import_weights(*strict, w, /*new_head=*/false); }).find("other shapes"), std::string::npos);
+}
+
+TEST(Interop, DamagedFilesNameTheFileAndTheFault) {
+  const std::string dir = test::temp_dir("damaged");
+  const std::string zip = test::read_bytes(fixture("ul_yolov8t.pt"));
+  // truncated: the zip directory is gone
+  test::write_bytes(dir + "/cut.pt", zip.substr(0, zip.size() / 2));
+  std::string e = thrown([&] { read_imported_weights(dir + "/cut.pt"); });
+  EXPECT_NE(e.find("cut.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  // one flipped byte inside a tensor's storage: its record's CRC-32 no longer matches
+  std::string flipped = zip;
+  flipped[zip.size() / 2] = char(flipped[zip.size() / 2] ^ 0x10);
+  test::write_bytes(dir + "/flip.pt", flipped);
+  e = thrown([&] { read_imported_weights(dir + "/flip.pt"); });
+  EXPECT_NE(e.find("flip.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("damaged"), std::string::npos) << e;
+  // legacy format cut inside its raw storages
+  const std::string legacy = test::read_bytes(fixture("centernet_hg_t_legacy.pth"));
+  test::write_bytes(dir + "/cut.pth", legacy.substr(0, legacy.size() - 1000));
+  e = thrown([&] { read_imported_weights(dir + "/cut.pth"); });
+  EXPECT_NE(e.find("cut.pth"), std::string::npos) << e;
+  EXPECT_NE(e.find("ends inside storage"), std::string::npos) << e;
+  // safetensors whose header claims more bytes than the file has
+  std::string st = test::read_bytes(fixture("hf_tensors.safetensors"));
+  test::write_bytes(dir + "/cut.safetensors", st.substr(0, st.size() - 10));
+  e = thrown([&] { interop::read_safetensors(dir + "/cut.safetensors"); });
+  EXPECT_NE(e.find("cut.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("byte range"), std::string::npos) << e;
+  // not a weights file at all
+  test::write_bytes(dir + "/notes.txt", "hello");
+  e = thrown([&] { load_any_weights(dir + "/notes.txt", c10::Device(c10::kCPU)); });
+  EXPECT_NE(e.find("not a weights file"), std::string::npos) << e;
+}
+
+// A pickle's value tree as the library wrote it: the checkpoint dict, the model object with
+// its class name, attributes and state_dict names.
+TEST(Interop, PickleTreeOfAnUltralyticsCheckpoint) {
+  const interop::TorchFile f = interop::read_torch_file(fixture("ul_yolov8t.pt"));
+  EXPECT_EQ(f.format, "zip");
+  const interop::PyValue& root = *f.root;
+  ASSERT_TRUE(root.is_dict());
+  const interop::PyValue* model = root.get("model");
+  ASSERT_TRUE(model && model->is_object());
+  EXPECT_EQ(model->text, "ultralytics.nn.tasks.DetectionModel");
+  ASSERT_TRUE(model->get("yaml"));
+  EXPECT_EQ(model->get("yaml")->get("nc")->integer, 3);
+  const auto tensors = interop::module_state(*model);
+  ASSERT_FALSE(tensors.empty());
+  EXPECT_EQ(tensors.front().first, "model.0.conv.weight");
+  EXPECT_EQ(tensors.front().second.scalar_type(), at::kHalf);  // saved as yolo train saves: fp16
+}
