@@ -181,9 +181,15 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   r = test::run_trainer("export --weights " + dir + "/m.safetensors --format safetensors");  // beside it, same name: refused
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is the input weights file"), std::string::npos) << r.output;
-  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt");  // Headroom's own: beside it
+  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt --format safetensors");  // Headroom's own: beside it
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/ft/weights/last.safetensors"));
+  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt --imgsz 64 --dynamic");  // ONNX by default
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(fs::file_size(dir + "/runs/ft/weights/last.onnx"), 100000u);
+  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt --imgsz 100");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--imgsz 100 must be a positive multiple of 32"), std::string::npos) << r.output;
   r = test::run_trainer("predict --weights " + dir + "/runs/ft/weights/last.safetensors --source " + images + " --save-dir " + dir +
                         "/pred2 device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;

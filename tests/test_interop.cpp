@@ -9,9 +9,20 @@
 #include <fstream>
 #include <sstream>
 
+// Debian's ONNX classes: its namespace and the ONNX-ML messages it was generated with (the torch
+// wheel's targets define ONNX_NAMESPACE=onnx_torch for the copy inside libtorch).
+#undef ONNX_NAMESPACE
+#define ONNX_NAMESPACE onnx
+#ifndef ONNX_ML
+#define ONNX_ML 1
+#endif
+#include <onnx/onnx_pb.h>
+
 #include "headroom/core/errors.h"
+#include "headroom/eval/postprocess.h"
 #include "headroom/interop/safetensors.h"
 #include "headroom/interop/torch_file.h"
+#include "headroom/models/onnx_export.h"
 #include "headroom/models/weights_import.h"
 #include "test_util.h"
 
@@ -268,4 +279,194 @@ TEST(Interop, PickleTreeOfAnUltralyticsCheckpoint) {
   ASSERT_FALSE(tensors.empty());
   EXPECT_EQ(tensors.front().first, "model.0.conv.weight");
   EXPECT_EQ(tensors.front().second.scalar_type(), at::kHalf);  // saved as yolo train saves: fp16
+}
+
+// --- ONNX export ---------------------------------------------------------------------------
+
+namespace {
+
+// Runs an ONNX graph with ATen, for the ops the exporter writes (a reference evaluator: its
+// results are held to ONNX Runtime's on the stored exports). Half-precision graphs run in fp32.
+std::map<std::string, at::Tensor> run_onnx(const std::string& path, const at::Tensor& images) {
+  onnx::ModelProto m;
+  const std::string bytes = test::read_bytes(path);
+  EXPECT_TRUE(m.ParseFromString(bytes)) << path;
+  std::map<std::string, at::Tensor> v;
+  for (const auto& t : m.graph().initializer()) {
+    std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+    const at::ScalarType type = t.data_type() == onnx::TensorProto::INT64 ? at::kLong
+                                : t.data_type() == onnx::TensorProto::FLOAT16 ? at::kHalf
+                                                                              : at::kFloat;
+    at::Tensor x = at::empty(dims, type);
+    std::memcpy(x.data_ptr(), t.raw_data().data(), t.raw_data().size());
+    v[t.name()] = type == at::kHalf ? x.to(at::kFloat) : x;
+  }
+  v[m.graph().input(0).name()] = images.to(at::kFloat);
+  const auto ints = [](const onnx::NodeProto& n, const std::string& name) {
+    for (const auto& a : n.attribute())
+      if (a.name() == name) return std::vector<int64_t>(a.ints().begin(), a.ints().end());
+    return std::vector<int64_t>{};
+  };
+  const auto integer = [](const onnx::NodeProto& n, const std::string& name, int64_t fallback) {
+    for (const auto& a : n.attribute())
+      if (a.name() == name) return int64_t(a.i());
+    return fallback;
+  };
+  const auto list = [](const at::Tensor& t) { return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()); };
+  for (const auto& n : m.graph().node()) {
+    const auto in = [&](int i) { return v.at(n.input(i)); };
+    const std::string& op = n.op_type();
+    std::vector<at::Tensor> out;
+    if (op == "Conv") {
+      const auto p = ints(n, "pads");
+      out = {at::conv2d(in(0), in(1), n.input_size() > 2 ? in(2) : at::Tensor(), ints(n, "strides"), {p[0], p[1]},
+                        ints(n, "dilations"), integer(n, "group", 1))};
+    } else if (op == "Sigmoid") {
+      out = {in(0).sigmoid()};
+    } else if (op == "Relu") {
+      out = {in(0).relu()};
+    } else if (op == "Mul") {
+      out = {in(0) * in(1)};
+    } else if (op == "Add") {
+      out = {in(0) + in(1)};
+    } else if (op == "Sub") {
+      out = {in(0) - in(1)};
+    } else if (op == "MatMul") {
+      out = {at::matmul(in(0), in(1))};
+    } else if (op == "Softmax") {
+      out = {in(0).softmax(integer(n, "axis", -1))};
+    } else if (op == "Concat") {
+      std::vector<at::Tensor> xs;
+      for (int i = 0; i < n.input_size(); ++i) xs.push_back(in(i));
+      out = {at::cat(xs, integer(n, "axis", 0))};
+    } else if (op == "Split") {
+      out = in(0).split_with_sizes(list(in(1)), integer(n, "axis", 0));
+    } else if (op == "Slice") {
+      out = {in(0).slice(list(in(3))[0], list(in(1))[0], list(in(2))[0])};
+    } else if (op == "Reshape") {
+      std::vector<int64_t> shape = list(in(1));
+      for (size_t i = 0; i < shape.size(); ++i)
+        if (shape[i] == 0) shape[i] = in(0).size(int64_t(i));
+      out = {in(0).reshape(shape)};
+    } else if (op == "Transpose") {
+      out = {in(0).permute(ints(n, "perm"))};
+    } else if (op == "Shape") {
+      out = {at::tensor(in(0).sizes().vec(), at::kLong)};
+    } else if (op == "MaxPool") {
+      const auto p = ints(n, "pads");
+      out = {at::max_pool2d(in(0), ints(n, "kernel_shape"), ints(n, "strides"), {p[0], p[1]})};
+    } else if (op == "Resize") {  // nearest, asymmetric, floor: PyTorch's nearest
+      const at::Tensor s = in(2);
+      out = {at::upsample_nearest2d(in(0), {int64_t(double(in(0).size(2)) * s[2].item<double>()), int64_t(double(in(0).size(3)) * s[3].item<double>())})};
+    } else if (op == "ReduceSum") {
+      out = {in(0).sum(list(in(1)), integer(n, "keepdims", 1) != 0)};
+    } else {
+      ADD_FAILURE() << "evaluator: op " << op;
+      return v;
+    }
+    for (int i = 0; i < n.output_size(); ++i) v[n.output(i)] = out.at(size_t(i));
+  }
+  return v;
+}
+
+// What the graph should output, from our forward: YOLO [B, 4 + nc, A] xywh + scores, CenterNet
+// the last stack's sigmoid heatmap, size and offset.
+std::map<std::string, at::Tensor> forward_outputs(DetectorImpl& model, const at::Tensor& x) {
+  model.eval();
+  at::NoGradGuard no_grad;
+  const HeadOutputs out = model.forward(x);
+  if (model.info().family == "centernet")
+    return {{"heatmap", out.at("heatmap").back().sigmoid()}, {"size", out.at("size").back()}, {"offset", out.at("offset").back()}};
+  const eval::Candidates c = eval::decode_candidates(model.info(), out);
+  const at::Tensor xy = (c.boxes.narrow(2, 0, 2) + c.boxes.narrow(2, 2, 2)) / 2, wh = c.boxes.narrow(2, 2, 2) - c.boxes.narrow(2, 0, 2);
+  return {{"output0", at::cat({xy, wh, c.scores}, 2).transpose(1, 2)}};
+}
+
+}  // namespace
+
+// Every shipped family through export: the ONNX checker and shape inference pass (inside
+// export), the graph's outputs equal our forward, and the evaluator that says so equals ONNX
+// Runtime on the graphs stored at fixture time (scripts/make_onnx_reference.py).
+TEST(Interop, OnnxExportEqualsTheForwardAndOnnxRuntime) {
+  const std::string dir = test::temp_dir("onnx");
+  for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
+           {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
+           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}}) {
+    std::map<std::string, at::Tensor> ort;
+    for (auto& [k, t] : interop::read_safetensors(fixture(name + ".onnxruntime.safetensors")).tensors) ort[k] = t;
+    const at::Tensor x = ort.at("input");  // [2, 3, S, S]
+    LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
+    w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)
+    const auto want = forward_outputs(*w.model, x);
+    const std::string path = dir + "/" + name + ".onnx";
+    export_onnx(*w.model, w.info, path, OnnxExportOptions().imgsz(imgsz).dynamic(true));
+    const auto got = run_onnx(path, x);
+    for (const auto& [out, ours] : want) {
+      const double scale = std::max(1.0, ours.abs().max().item<double>());
+      // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order: fp32
+      // rounding, grown by these fixtures' depth and by the box decode (x stride, YOLOv5's
+      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again.
+      const double to_forward = max_abs(got.at(out), ours), to_ort = max_abs(got.at(out), ort.at(out));
+      EXPECT_LT(to_forward, 1e-4 * scale) << name << " " << out;
+      EXPECT_LT(to_ort, 2e-4 * scale) << name << " " << out;
+      std::printf("%s %s: ONNX graph vs forward %.3g, vs ONNX Runtime %.3g; ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(),
+                  out.c_str(), to_forward, to_ort, max_abs(ort.at(out), ours), scale);
+    }
+  }
+}
+
+TEST(Interop, OnnxExportHalfAndStaticBatch) {
+  const std::string dir = test::temp_dir("onnx-half");
+  LoadedWeights w = load_any_weights(fixture("ul_yolo11t.pt"), c10::Device(c10::kCPU));
+  w.model->fuse();
+  const at::Tensor x = reference("ul_yolo11t").at("input").narrow(0, 0, 1);
+  const auto want = forward_outputs(*w.model, x).at("output0");
+  export_onnx(*w.model, w.info, dir + "/s.onnx", OnnxExportOptions().imgsz(64));
+  export_onnx(*w.model, w.info, dir + "/h.onnx", OnnxExportOptions().imgsz(64).half(true));
+  onnx::ModelProto s, h;
+  ASSERT_TRUE(s.ParseFromString(test::read_bytes(dir + "/s.onnx")));
+  ASSERT_TRUE(h.ParseFromString(test::read_bytes(dir + "/h.onnx")));
+  EXPECT_EQ(s.graph().input(0).type().tensor_type().shape().dim(0).dim_value(), 1);  // static batch
+  EXPECT_EQ(h.graph().input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
+  EXPECT_EQ(h.graph().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
+  EXPECT_LT(test::read_bytes(dir + "/h.onnx").size(), test::read_bytes(dir + "/s.onnx").size() * 6 / 10);
+  std::map<std::string, std::string> meta;
+  for (const auto& p : s.metadata_props()) meta[p.key()] = p.value();
+  EXPECT_EQ(meta.at("imgsz"), "[64, 64]");
+  EXPECT_EQ(meta.at("stride"), "32");
+  EXPECT_EQ(meta.at("names").substr(0, 4), "{0: ");
+  EXPECT_LT(max_abs(run_onnx(dir + "/s.onnx", x).at("output0"), want), 1e-4 * want.abs().max().item<double>());
+  // fp16 weights (run here in fp32): within the rounding of the weights
+  const at::Tensor half = run_onnx(dir + "/h.onnx", x).at("output0");
+  EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);  // scores
+}
+
+// The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the
+// tensors of xingyizhou's network (ctdet_coco_hg.pth), with the same shapes.
+TEST(Interop, HourglassNamesCoverCenterNetsHg104) {
+  ModelSpec spec;
+  spec.file = std::string(HEADROOM_SOURCE_DIR) + "/models/centernet_hg104.yaml";
+  spec.nc = 80;
+  Detector m(spec);
+  std::map<std::string, std::string> theirs;  // name -> "d0,d1,..."
+  std::ifstream keys(fixture("centernet_hg104_keys.txt"));
+  std::string line;
+  while (std::getline(keys, line))
+    if (!line.empty() && line[0] != '#') theirs[line.substr(0, line.find(' '))] = line.substr(line.find(' ') + 1);
+  std::map<std::string, at::Tensor> ours;
+  for (const auto& p : m->named_parameters()) ours[p.key()] = p.value();
+  for (const auto& b : m->named_buffers()) ours[b.key()] = b.value();
+  size_t matched = 0;
+  for (const auto& [mine, name] : file_names(*m, Naming::centernet)) {
+    const auto it = theirs.find(name);
+    if (it == theirs.end()) {
+      ADD_FAILURE() << mine << " -> " << name << ": not in CenterNet's network";
+      continue;
+    }
+    std::string shape;
+    for (int64_t d : ours.at(mine).sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    EXPECT_EQ(shape, it->second) << name;
+    ++matched;
+  }
+  EXPECT_EQ(matched, theirs.size());
 }

@@ -2,6 +2,7 @@
 
 #include "commands.h"
 #include "headroom/core/logging.h"
+#include "headroom/models/onnx_export.h"
 #include "headroom/models/weights_import.h"
 
 namespace headroom::cli {
@@ -10,18 +11,27 @@ namespace fs = std::filesystem;
 
 void add_export_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("export", "Write a model's weights in another format (Headroom's own or imported weights)");
-  static std::string weights, format = "safetensors", out;
-  static bool half = false;
+  static std::string weights, format = "onnx", out;
+  static bool half = false, dynamic = false;
+  static int64_t imgsz = 640, batch = 1;
   cmd->add_option("--weights,-w", weights, "Weights file (Headroom, Ultralytics, YOLOv5, CenterNet or safetensors)")->required();
-  cmd->add_option("--format,-f", format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
-  cmd->add_flag("--half", half, "Store floating-point tensors in fp16");
+  cmd->add_option("--format,-f", format, "onnx (opset 17, the decode in the graph) or safetensors")
+      ->check(CLI::IsMember({"onnx", "safetensors"}))
+      ->capture_default_str();
+  cmd->add_flag("--half", half, "fp16 weights (ONNX: fp16 input and outputs too, for GPU runtimes)");
+  cmd->add_flag("--dynamic", dynamic, "ONNX: a symbolic batch dimension");
+  cmd->add_option("--imgsz", imgsz, "ONNX: the square input size")->capture_default_str();
+  cmd->add_option("--batch", batch, "ONNX: the static batch size")->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");
   cmd->callback([&exit_code] {
     models::LoadedWeights w = models::load_any_weights(weights, c10::Device(c10::kCPU));
     const std::string target = out.empty() ? fs::path(weights).replace_extension("." + format).string() : out;
     std::error_code ec;
     if (fs::equivalent(target, weights, ec)) throw InputError(target + ": is the input weights file; choose another --out");
-    models::save_safetensors_weights(*w.model, w.info, target, half);
+    if (format == "onnx")
+      models::export_onnx(*w.model, w.info, target, models::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half));
+    else
+      models::save_safetensors_weights(*w.model, w.info, target, half);
     spdlog::info("exported {} ({} parameters, {} classes) to {}", weights, w.model->parameter_count(), w.model->info().nc, target);
     std::printf("%s\n", target.c_str());
     exit_code = kExitOk;

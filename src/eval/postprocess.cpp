@@ -99,14 +99,14 @@ Detections batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
   return compact(top_boxes, top_scores, top_classes, keep, o.max_det);
 }
 
-Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& out, const DecodeOptions& o) {
+Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& out) {
   at::NoGradGuard no_grad;
   if (info.family == "yolov8") {
     const auto& feats = out.at("pred");
     auto [dist, logits] = losses::split_yolov8(feats, info.reg_max);
     const losses::AnchorGrid grid = losses::make_anchor_grid(feats, info.strides, 0.5);
     const at::Tensor boxes = losses::dist_to_bbox(losses::dfl_expectation(dist.to(at::kFloat), info.reg_max), grid.points) * grid.strides;
-    return batched_nms(boxes, logits.to(at::kFloat).sigmoid(), o.nms);
+    return {boxes, logits.to(at::kFloat).sigmoid()};
   }
   if (info.family == "yolov5") {
     std::vector<at::Tensor> boxes, scores;
@@ -122,7 +122,16 @@ Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& o
       boxes.push_back(at::cat({xy - wh / 2, xy + wh / 2}, -1).view({B, -1, 4}));
       scores.push_back((p.narrow(-1, 5, info.nc) * p.narrow(-1, 4, 1)).view({B, -1, info.nc}));  // obj x cls
     }
-    return batched_nms(at::cat(boxes, 1), at::cat(scores, 1), o.nms);
+    return {at::cat(boxes, 1), at::cat(scores, 1)};
+  }
+  throw Error("model family '" + info.family + "' has no per-anchor candidates");
+}
+
+Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& out, const DecodeOptions& o) {
+  at::NoGradGuard no_grad;
+  if (info.family == "yolov8" || info.family == "yolov5") {
+    const Candidates c = decode_candidates(info, out);
+    return batched_nms(c.boxes, c.scores, o.nms);
   }
   if (info.family == "centernet") {  // the last stack: 3x3 max-pool peaks, top-K over all classes
     const at::Tensor heat = out.at("heatmap").back().to(at::kFloat).sigmoid();

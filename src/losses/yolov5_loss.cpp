@@ -94,7 +94,7 @@ class Yolov5Loss : public DetectionLoss {
     at::Tensor anchors;  // [na, 2] grid units
   };
   Match match(const Targets& t, int64_t i, int64_t H, int64_t W) const {
-    const int64_t B = t.boxes.size(0), N = t.boxes.size(1), na = info_.anchors.size(1);
+    const int64_t B = t.boxes.size(0), na = info_.anchors.size(1);
     const auto fopt = t.boxes.options().dtype(at::kFloat);
     const double s = double(info_.strides[size_t(i)]);
     Match m;

@@ -2,7 +2,11 @@
 // arguments (a registry: module name -> builder).
 #pragma once
 
+#include <ATen/ATen.h>
+#include <torch/nn/functional/upsampling.h>
 #include <yaml-cpp/yaml.h>
+
+#include <cmath>
 
 #include <functional>
 #include <map>
@@ -12,6 +16,7 @@
 
 #include "headroom/models/blocks.h"
 #include "headroom/models/detector.h"
+#include "headroom/models/recompute.h"
 
 namespace headroom::models {
 
@@ -57,6 +62,193 @@ struct BuiltRow {
 
 using RowBuilder = std::function<BuiltRow(const RowContext&)>;
 const std::map<std::string, RowBuilder>& row_builders();
+
+// ---------------------------------------------------------------------------------------
+// Layers and heads (declared here, not in layers.cpp, because the ONNX exporter walks them)
+
+class ConcatLayerImpl : public LayerImpl {
+ public:
+  explicit ConcatLayerImpl(int64_t dim) : dim_(dim) {}
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::cat(in, dim_)}; }
+
+  int64_t dim_;
+};
+
+class UpsampleLayerImpl : public LayerImpl {
+ public:
+  explicit UpsampleLayerImpl(double scale) : scale_(scale) {}
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
+    namespace F = torch::nn::functional;
+    return {F::interpolate(in[0], F::InterpolateFuncOptions().scale_factor(std::vector<double>{scale_, scale_}).mode(torch::kNearest))};
+  }
+
+  double scale_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Heads
+
+// Two convolutions in a row, named "0" and "1" as in the Sequential Ultralytics nests in its
+// YOLO11 class branch (a Sequential cannot hold a Sequential here).
+class ConvPairImpl : public torch::nn::Module {
+ public:
+  ConvPairImpl(Conv a, Conv b) : first(register_module("0", a)), second(register_module("1", b)) {}
+  at::Tensor forward(const at::Tensor& x) { return second->forward(first->forward(x)); }
+  Conv first, second;
+};
+TORCH_MODULE(ConvPair);
+
+// YOLOv8 Detect: per level a box branch (DFL bins) and a class branch. YOLO11's class branch
+// replaces each 3x3 conv by a depthwise 3x3 then a 1x1 (`depthwise`).
+class DetectV8Impl : public HeadImpl {
+ public:
+  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, bool depthwise, int64_t reg_max = 16) : nc_(nc), reg_max_(reg_max) {
+    const int64_t c2 = std::max({int64_t(16), ch[0] / 4, reg_max * 4}), c3 = std::max(ch[0], std::min(nc, int64_t(100)));
+    // Ultralytics DWConv: groups = gcd(in, out), here in = out.
+    const auto dw_then_pw = [](int64_t in, int64_t out) {
+      return ConvPair(Conv(ConvOptions(in, in, 3).groups(in)), Conv(ConvOptions(in, out, 1)));
+    };
+    for (size_t i = 0; i < ch.size(); ++i) {
+      torch::nn::Sequential box(Conv(ConvOptions(ch[i], c2, 3)), Conv(ConvOptions(c2, c2, 3)),
+                                ConvBn(ConvBnOptions(c2, 4 * reg_max, 1).batch_norm(false)));
+      torch::nn::Sequential cls;
+      if (depthwise) {
+        cls->push_back(dw_then_pw(ch[i], c3));
+        cls->push_back(dw_then_pw(c3, c3));
+      } else {
+        cls->push_back(Conv(ConvOptions(ch[i], c3, 3)));
+        cls->push_back(Conv(ConvOptions(c3, c3, 3)));
+      }
+      cls->push_back(ConvBn(ConvBnOptions(c3, nc, 1).batch_norm(false)));
+      cv2->push_back(box);
+      cv3->push_back(cls);
+    }
+    register_module("cv2", cv2);
+    register_module("cv3", cv3);
+    // The DFL projection: a frozen 1x1 conv whose weights are the bin indices; the decoder uses
+    // it to turn bin distributions into distances (16 parameters, counted as the reference does).
+    dfl = register_module("dfl", torch::nn::Conv2d(torch::nn::Conv2dOptions(reg_max, 1, 1).bias(false)));
+    at::NoGradGuard no_grad;
+    dfl->weight.copy_(at::arange(reg_max, at::kFloat).view({1, reg_max, 1, 1}));
+    dfl->weight.set_requires_grad(false);
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    std::vector<at::Tensor> pred;
+    for (size_t i = 0; i < x.size(); ++i)
+      pred.push_back(at::cat({cv2[i]->as<torch::nn::Sequential>()->forward(x[i]),
+                              cv3[i]->as<torch::nn::Sequential>()->forward(x[i])}, 1));
+    return {{"pred", pred}};
+  }
+
+  void init_biases(const std::vector<int64_t>& strides) override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < strides.size(); ++i) {
+      last_conv(cv2[i])->bias.fill_(1.0);  // box
+      // Class prior: about 5 objects of nc classes in a 640 image, per cell of this level.
+      last_conv(cv3[i])->bias.fill_(std::log(5.0 / double(nc_) / std::pow(640.0 / double(strides[i]), 2)));
+    }
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "yolov8";
+    info.nc = nc_;
+    info.reg_max = reg_max_;
+  }
+
+  static torch::nn::Conv2d last_conv(const std::shared_ptr<torch::nn::Module>& seq) {
+    auto s = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(seq);
+    return s->ptr(s->size() - 1)->as<ConvBnImpl>()->conv;
+  }
+
+  torch::nn::ModuleList cv2, cv3;
+  torch::nn::Conv2d dfl{nullptr};
+
+  int64_t nc_, reg_max_;
+};
+
+// YOLOv5 Detect: per level one 1x1 conv to anchors x (5 + nc).
+class DetectV5Impl : public HeadImpl {
+ public:
+  DetectV5Impl(int64_t nc, at::Tensor anchors, const std::vector<int64_t>& ch) : nc_(nc) {
+    na_ = anchors.size(1);
+    anchors_ = register_buffer("anchors", anchors);
+    for (int64_t c : ch) m->push_back(ConvBn(ConvBnOptions(c, na_ * (nc + 5), 1).batch_norm(false)));
+    register_module("m", m);
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    std::vector<at::Tensor> pred;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const at::Tensor y = m[i]->as<ConvBnImpl>()->forward(x[i]);  // [B, na * no, H, W]
+      pred.push_back(y.view({y.size(0), na_, nc_ + 5, y.size(2), y.size(3)}).permute({0, 1, 3, 4, 2}).contiguous());
+    }
+    return {{"pred", pred}};
+  }
+
+  void init_biases(const std::vector<int64_t>& strides) override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < strides.size(); ++i) {
+      at::Tensor b = m[i]->as<ConvBnImpl>()->conv->bias.view({na_, -1});
+      b.select(1, 4).add_(std::log(8.0 / std::pow(640.0 / double(strides[i]), 2)));  // 8 objects per 640 image
+      b.narrow(1, 5, nc_).add_(std::log(0.6 / (double(nc_) - 0.99999)));
+    }
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "yolov5";
+    info.nc = nc_;
+    info.anchors = anchors_;
+  }
+
+  torch::nn::ModuleList m;
+
+  int64_t nc_, na_;
+  at::Tensor anchors_;
+};
+
+// CenterNet heads on every input (Hourglass stack or neck output): 3x3 conv + ReLU + 1x1.
+class CenterNetHeadImpl : public HeadImpl {
+ public:
+  CenterNetHeadImpl(int64_t nc, int64_t width, const std::vector<int64_t>& ch) : nc_(nc) {
+    for (const auto& [name, out] : std::vector<std::pair<std::string, int64_t>>{{"heatmap", nc}, {"size", 2}, {"offset", 2}}) {
+      torch::nn::ModuleList list;
+      for (int64_t c : ch)
+        list->push_back(torch::nn::Sequential(HgConv(3, c, width, 1, /*with_bn=*/false),
+                                              ConvBn(ConvBnOptions(width, out, 1).batch_norm(false))));
+      heads_.emplace_back(name, register_module(name, list));
+    }
+  }
+
+  HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    HeadOutputs out;
+    for (auto& [name, list] : heads_)
+      for (size_t i = 0; i < x.size(); ++i) {
+        torch::nn::Sequential head(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(list[i]));
+        // at::alias: one reader of x per head, as in HourglassLevelImpl::forward.
+        out[name].push_back(recomputed_ ? recompute_module(head, at::alias(x[i])) : head->forward(at::alias(x[i])));
+      }
+    return out;
+  }
+
+  void set_recompute(RecomputeMode mode) override { recomputed_ = mode == RecomputeMode::all; }
+
+  void init_biases(const std::vector<int64_t>&) override {
+    at::NoGradGuard no_grad;
+    for (const auto& m : *heads_[0].second)  // heatmap: sigmoid(-2.19) = 0.1, the focal-loss prior
+      DetectV8Impl::last_conv(m)->bias.fill_(-2.19);
+  }
+
+  void describe(DetectorInfo& info) const override {
+    info.family = "centernet";
+    info.nc = nc_;
+    info.stacks = static_cast<int64_t>(heads_[0].second->size());
+  }
+
+  int64_t nc_;
+  std::vector<std::pair<std::string, torch::nn::ModuleList>> heads_;
+  bool recomputed_ = false;
+};
 
 // Runs single-tensor modules one after another (a row with repeats > 1 holds that many).
 class SequentialLayerImpl : public LayerImpl {

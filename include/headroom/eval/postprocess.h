@@ -41,6 +41,14 @@ struct DecodeOptions {
   int64_t topk = 100;  // CenterNet peaks per image
 };
 
+// YOLO's per-anchor predictions before NMS, in the model's input pixels (what an exported ONNX
+// graph outputs, as [B, 4 + nc, A] xywh).
+struct Candidates {
+  at::Tensor boxes;   // [B, A, 4] xyxy
+  at::Tensor scores;  // [B, A, nc] in [0, 1]
+};
+Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& outputs);
+
 // Detections in the model's input pixels.
 Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& outputs, const DecodeOptions& o);
 

@@ -120,11 +120,16 @@ class DetectorImpl : public torch::nn::Module {
   void set_channels_last(bool on);
   bool channels_last() const { return channels_last_; }
 
- private:
   struct Row {
     std::vector<int> from;  // absolute indices; -1 = the input image
     std::shared_ptr<LayerImpl> layer;
   };
+  // The built rows and the head with what they read (the ONNX exporter walks them).
+  const std::vector<Row>& rows() const { return rows_; }
+  const std::vector<int>& head_from() const { return head_from_; }
+  HeadImpl& head() const { return *head_; }
+
+ private:
   struct Segment {
     int begin = 0, end = 0;          // rows [begin, end]
     bool recomputed = false;

@@ -1,0 +1,432 @@
+#include "headroom/models/onnx_export.h"
+
+#include <ATen/ATen.h>
+// Debian's ONNX classes: its namespace and the ONNX-ML messages it was generated with (the torch
+// wheel's targets define ONNX_NAMESPACE=onnx_torch for the copy inside libtorch).
+#undef ONNX_NAMESPACE
+#define ONNX_NAMESPACE onnx
+#ifndef ONNX_ML
+#define ONNX_ML 1
+#endif
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <typeindex>
+#include <unordered_map>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/files.h"
+#include "headroom/losses/anchors.h"
+#include "layers.h"
+
+namespace headroom::models {
+
+namespace {
+
+constexpr int64_t kOpset = 17;
+
+// Appends nodes and initializers to a graph; every value gets a fresh name.
+class Graph {
+ public:
+  Graph(onnx::GraphProto& g, bool half) : g_(g), half_(half) {}
+  bool half() const { return half_; }
+
+  std::vector<std::string> node(const std::string& op, const std::vector<std::string>& in, int outputs = 1,
+                                const std::function<void(onnx::NodeProto&)>& attrs = {}) {
+    onnx::NodeProto* n = g_.add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + std::to_string(g_.node_size()));
+    for (const auto& i : in) n->add_input(i);
+    std::vector<std::string> out;
+    for (int k = 0; k < outputs; ++k) {
+      out.push_back(n->name() + (outputs > 1 ? ":" + std::to_string(k) : ""));
+      n->add_output(out.back());
+    }
+    if (attrs) attrs(*n);
+    return out;
+  }
+  std::string op(const std::string& type, const std::vector<std::string>& in, const std::function<void(onnx::NodeProto&)>& attrs = {}) {
+    return node(type, in, 1, attrs)[0];
+  }
+
+  // A weight or constant: floating tensors in the graph's precision, integers as int64.
+  std::string tensor(const at::Tensor& t, const std::string& hint, bool keep_float = false) {
+    onnx::TensorProto* p = g_.add_initializer();
+    p->set_name(hint + "_" + std::to_string(g_.initializer_size()));
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    if (c.is_floating_point()) {
+      c = c.to(half_ && !keep_float ? at::kHalf : at::kFloat);
+      p->set_data_type(c.scalar_type() == at::kHalf ? onnx::TensorProto::FLOAT16 : onnx::TensorProto::FLOAT);
+    } else {
+      c = c.to(at::kLong);
+      p->set_data_type(onnx::TensorProto::INT64);
+    }
+    for (int64_t d : c.sizes()) p->add_dims(d);
+    p->set_raw_data(c.data_ptr(), c.nbytes());  // little-endian, as ONNX stores raw data
+    return p->name();
+  }
+  std::string ints(const std::vector<int64_t>& v) { return tensor(at::tensor(v, at::kLong), "shape"); }
+  std::string scalar(double v) { return tensor(at::scalar_tensor(v, at::kFloat), "const"); }
+
+ private:
+  onnx::GraphProto& g_;
+  bool half_;
+};
+
+void set(onnx::NodeProto& n, const char* name, int64_t v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+void set(onnx::NodeProto& n, const char* name, const std::vector<int64_t>& v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v) a->add_ints(x);
+}
+void set(onnx::NodeProto& n, const char* name, const std::string& v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(v);
+}
+
+// Writes modules as nodes: one function per module class, found by type (a registry), each
+// the mirror of that module's forward.
+class Emitter {
+ public:
+  explicit Emitter(Graph& g) : g(g) {}
+  Graph& g;
+
+  std::string module(torch::nn::Module& m, const std::string& x);
+
+  std::string sequence(torch::nn::Module& seq, std::string x) {
+    for (const auto& c : seq.children()) x = module(*c, x);
+    return x;
+  }
+  std::string conv_bn(ConvBnImpl& m, const std::string& x) {
+    if (m.bn) throw Error("ONNX export: a BatchNorm was not folded into its convolution");
+    const ConvBnOptions& o = m.options;
+    const int64_t pad = o.padding() >= 0 ? o.padding() : o.dilation() * (o.kernel() - 1) / 2;
+    std::vector<std::string> in = {x, g.tensor(m.conv->weight, "w")};
+    if (m.conv->bias.defined()) in.push_back(g.tensor(m.conv->bias, "b"));
+    return g.op("Conv", in, [&](onnx::NodeProto& n) {
+      set(n, "kernel_shape", std::vector<int64_t>{o.kernel(), o.kernel()});
+      set(n, "strides", std::vector<int64_t>{o.stride(), o.stride()});
+      set(n, "pads", std::vector<int64_t>{pad, pad, pad, pad});
+      set(n, "dilations", std::vector<int64_t>{o.dilation(), o.dilation()});
+      set(n, "group", o.groups());
+    });
+  }
+  std::string silu(const std::string& x) { return g.op("Mul", {x, g.op("Sigmoid", {x})}); }
+  std::string relu(const std::string& x) { return g.op("Relu", {x}); }
+  std::string add(const std::string& a, const std::string& b) { return g.op("Add", {a, b}); }
+  std::string concat(const std::vector<std::string>& xs, int64_t axis) {
+    return g.op("Concat", xs, [&](onnx::NodeProto& n) { set(n, "axis", axis); });
+  }
+  std::vector<std::string> split(const std::string& x, int64_t axis, const std::vector<int64_t>& sizes) {
+    return g.node("Split", {x, g.ints(sizes)}, int(sizes.size()), [&](onnx::NodeProto& n) { set(n, "axis", axis); });
+  }
+  std::string slice(const std::string& x, int64_t axis, int64_t begin, int64_t end) {
+    return g.op("Slice", {x, g.ints({begin}), g.ints({end}), g.ints({axis})});
+  }
+  std::string reshape(const std::string& x, const std::vector<int64_t>& shape) { return g.op("Reshape", {x, g.ints(shape)}); }
+  std::string transpose(const std::string& x, const std::vector<int64_t>& perm) {
+    return g.op("Transpose", {x}, [&](onnx::NodeProto& n) { set(n, "perm", perm); });
+  }
+  std::string max_pool(const std::string& x, int64_t k) {
+    return g.op("MaxPool", {x}, [&](onnx::NodeProto& n) {
+      set(n, "kernel_shape", std::vector<int64_t>{k, k});
+      set(n, "strides", std::vector<int64_t>{1, 1});
+      set(n, "pads", std::vector<int64_t>{k / 2, k / 2, k / 2, k / 2});
+    });
+  }
+  // Nearest upsampling as PyTorch's: source index = floor(destination / scale).
+  std::string upsample(const std::string& x, double scale) {
+    const std::string scales = g.tensor(at::tensor({1.0f, 1.0f, float(scale), float(scale)}), "scales", /*keep_float=*/true);
+    return g.op("Resize", {x, "", scales}, [&](onnx::NodeProto& n) {
+      set(n, "mode", std::string("nearest"));
+      set(n, "coordinate_transformation_mode", std::string("asymmetric"));
+      set(n, "nearest_mode", std::string("floor"));
+    });
+  }
+
+  std::string hourglass_level(HourglassLevelImpl& m, const std::string& x) {
+    const std::string up = sequence(*m.up1, x), l1 = sequence(*m.low1, x);
+    const std::string l2 = m.low2 ? hourglass_level(*m.low2, l1) : sequence(*m.low2_blocks, l1);
+    return add(up, upsample(sequence(*m.low3, l2), 2.0));
+  }
+  std::vector<std::string> hourglass(HourglassImpl& m, std::string inter) {
+    std::vector<std::string> outs;
+    for (size_t s = 0; s < m.kps.size(); ++s) {
+      const std::string cnv = module(*m.cnvs[s], hourglass_level(*m.kps[s], inter));
+      outs.push_back(cnv);
+      if (s + 1 < m.kps.size())
+        inter = module(*m.inters[s], relu(add(conv_bn(*m.inters_[s], inter), conv_bn(*m.cnvs_[s], cnv))));
+    }
+    return outs;
+  }
+};
+
+using ModuleEmitter = std::function<std::string(Emitter&, torch::nn::Module&, const std::string&)>;
+
+template <class T>
+std::pair<std::type_index, ModuleEmitter> emitter(std::function<std::string(Emitter&, T&, const std::string&)> f) {
+  return {std::type_index(typeid(T)), [f](Emitter& e, torch::nn::Module& m, const std::string& x) { return f(e, dynamic_cast<T&>(m), x); }};
+}
+
+const std::unordered_map<std::type_index, ModuleEmitter>& emitters() {
+  static const std::unordered_map<std::type_index, ModuleEmitter> registry = {
+      emitter<ConvBnImpl>([](Emitter& e, ConvBnImpl& m, const std::string& x) { return e.conv_bn(m, x); }),
+      emitter<ConvImpl>([](Emitter& e, ConvImpl& m, const std::string& x) {
+        const std::string y = e.conv_bn(*m.cb, x);
+        return m.act ? e.silu(y) : y;
+      }),
+      emitter<torch::nn::SequentialImpl>([](Emitter& e, torch::nn::SequentialImpl& m, const std::string& x) { return e.sequence(m, x); }),
+      emitter<ConvPairImpl>([](Emitter& e, ConvPairImpl& m, const std::string& x) { return e.module(*m.second, e.module(*m.first, x)); }),
+      emitter<BottleneckImpl>([](Emitter& e, BottleneckImpl& m, const std::string& x) {
+        const std::string y = e.module(*m.cv2, e.module(*m.cv1, x));
+        return m.add ? e.add(x, y) : y;
+      }),
+      emitter<C3Impl>([](Emitter& e, C3Impl& m, const std::string& x) {
+        return e.module(*m.cv3, e.concat({e.sequence(*m.m, e.module(*m.cv1, x)), e.module(*m.cv2, x)}, 1));
+      }),
+      emitter<C2fImpl>([](Emitter& e, C2fImpl& m, const std::string& x) {
+        std::vector<std::string> y = e.split(e.module(*m.cv1, x), 1, {m.c, m.c});
+        for (const auto& b : *m.m) y.push_back(e.module(*b, y.back()));
+        return e.module(*m.cv2, e.concat(y, 1));
+      }),
+      emitter<SPPFImpl>([](Emitter& e, SPPFImpl& m, const std::string& x) {
+        std::vector<std::string> y = {e.module(*m.cv1, x)};
+        for (int i = 0; i < 3; ++i) y.push_back(e.max_pool(y.back(), m.k));
+        return e.module(*m.cv2, e.concat(y, 1));
+      }),
+      emitter<SPPImpl>([](Emitter& e, SPPImpl& m, const std::string& x) {
+        const std::string y = e.module(*m.cv1, x);
+        std::vector<std::string> parts = {y};
+        for (int64_t k : m.ks) parts.push_back(e.max_pool(y, k));
+        return e.module(*m.cv2, e.concat(parts, 1));
+      }),
+      emitter<AttentionImpl>([](Emitter& e, AttentionImpl& m, const std::string& x) {
+        const std::string qkv = e.reshape(e.module(*m.qkv, x), {0, m.heads, 2 * m.key_dim + m.head_dim, -1});
+        const std::vector<std::string> s = e.split(qkv, 2, {m.key_dim, m.key_dim, m.head_dim});  // q, k, v
+        const std::string scores = e.g.op("Mul", {e.g.op("MatMul", {e.transpose(s[0], {0, 1, 3, 2}), s[1]}), e.g.scalar(m.scale)});
+        const std::string attn = e.g.op("Softmax", {scores}, [](onnx::NodeProto& n) { set(n, "axis", int64_t(-1)); });
+        const std::string shape = e.g.op("Shape", {x});
+        const std::string y = e.g.op("Reshape", {e.g.op("MatMul", {s[2], e.transpose(attn, {0, 1, 3, 2})}), shape});
+        return e.module(*m.proj, e.add(y, e.module(*m.pe, e.g.op("Reshape", {s[2], shape}))));
+      }),
+      emitter<PSABlockImpl>([](Emitter& e, PSABlockImpl& m, const std::string& x) {
+        const std::string y = e.add(x, e.module(*m.attn, x));
+        return e.add(y, e.sequence(*m.ffn, y));
+      }),
+      emitter<C2PSAImpl>([](Emitter& e, C2PSAImpl& m, const std::string& x) {
+        const std::vector<std::string> ab = e.split(e.module(*m.cv1, x), 1, {m.c, m.c});
+        return e.module(*m.cv2, e.concat({ab[0], e.sequence(*m.m, ab[1])}, 1));
+      }),
+      emitter<HgConvImpl>([](Emitter& e, HgConvImpl& m, const std::string& x) { return e.relu(e.conv_bn(*m.cb, x)); }),
+      emitter<ResidualImpl>([](Emitter& e, ResidualImpl& m, const std::string& x) {
+        const std::string y = e.conv_bn(*m.conv2, e.relu(e.conv_bn(*m.conv1, x)));
+        return e.relu(e.add(y, m.skip ? e.conv_bn(*m.skip, x) : x));
+      }),
+      emitter<HourglassStemImpl>([](Emitter& e, HourglassStemImpl& m, const std::string& x) {
+        return e.module(*m.res, e.module(*m.conv, x));
+      }),
+  };
+  return registry;
+}
+
+std::string Emitter::module(torch::nn::Module& m, const std::string& x) {
+  const auto it = emitters().find(std::type_index(typeid(m)));
+  if (it == emitters().end()) throw Error("ONNX export: no writer for module " + m.name());
+  return it->second(*this, m, x);
+}
+
+// A row's outputs (Hourglass: one per stack).
+std::vector<std::string> emit_row(Emitter& e, LayerImpl& layer, const std::vector<std::string>& in) {
+  if (auto* s = dynamic_cast<SequentialLayerImpl*>(&layer)) return {e.sequence(*s->seq, in.at(0))};
+  if (auto* c = dynamic_cast<ConcatLayerImpl*>(&layer)) return {e.concat(in, c->dim_)};
+  if (auto* u = dynamic_cast<UpsampleLayerImpl*>(&layer)) return {e.upsample(in.at(0), u->scale_)};
+  if (auto* h = dynamic_cast<HourglassImpl*>(&layer)) return e.hourglass(*h, in.at(0));
+  throw Error("ONNX export: no writer for layer " + layer.name());
+}
+
+// [1, 2, A] anchor points and [1, 1, A] strides at the export size, as decode_candidates uses.
+std::pair<at::Tensor, at::Tensor> anchor_grid(const std::vector<at::Tensor>& feats, const std::vector<int64_t>& strides) {
+  const losses::AnchorGrid grid = losses::make_anchor_grid(feats, strides, 0.5);  // points [A, 2], strides [A, 1]
+  return {grid.points.t().unsqueeze(0), grid.strides.t().unsqueeze(0)};
+}
+
+// YOLOv8 / YOLO11: DFL expectation, distances to a centre-size box, sigmoid classes.
+std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
+                           const std::vector<int64_t>& strides) {
+  const int64_t no = 4 * d.reg_max_ + d.nc_;
+  std::vector<std::string> levels;
+  for (size_t i = 0; i < f.size(); ++i)
+    levels.push_back(e.reshape(e.concat({e.module(*d.cv2[i], f[i]), e.module(*d.cv3[i], f[i])}, 1), {0, no, -1}));
+  const std::vector<std::string> parts = e.split(e.concat(levels, 2), 1, {4 * d.reg_max_, d.nc_});  // [B, 64, A], [B, nc, A]
+  const std::string probs = e.g.op("Softmax", {e.reshape(parts[0], {0, 4, d.reg_max_, -1})},
+                                   [](onnx::NodeProto& n) { set(n, "axis", int64_t(2)); });
+  const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, d.reg_max_, 1}), "dfl");
+  const std::string dist = e.g.op("ReduceSum", {e.g.op("Mul", {probs, bins}), e.g.ints({2})},
+                                  [](onnx::NodeProto& n) { set(n, "keepdims", int64_t(0)); });  // [B, 4, A] l, t, r, b
+  const auto [points, stride] = anchor_grid(feats, strides);
+  const std::string p = e.g.tensor(points, "anchors"), s = e.g.tensor(stride, "strides");
+  const std::string x1y1 = e.g.op("Sub", {p, e.slice(dist, 1, 0, 2)}), x2y2 = e.add(p, e.slice(dist, 1, 2, 4));
+  const std::string centre = e.g.op("Mul", {e.add(x1y1, x2y2), e.g.scalar(0.5)}), size = e.g.op("Sub", {x2y2, x1y1});
+  const std::string boxes = e.g.op("Mul", {e.concat({centre, size}, 1), s});
+  return e.concat({boxes, e.g.op("Sigmoid", {parts[1]})}, 1);
+}
+
+// YOLOv5: per level sigmoid, grid offsets and anchor sizes, objectness x class.
+std::string emit_detect_v5(Emitter& e, DetectV5Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
+                           const std::vector<int64_t>& strides) {
+  const int64_t na = d.na_, no = d.nc_ + 5;
+  std::vector<std::string> levels;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const int64_t H = feats[i].size(2), W = feats[i].size(3);
+    const std::string raw = e.conv_bn(*d.m[i]->as<ConvBnImpl>(), f[i]);  // [B, na * no, H, W]
+    const std::string y = e.g.op("Sigmoid", {e.reshape(e.transpose(e.reshape(raw, {0, na, no, H * W}), {0, 2, 1, 3}), {0, no, na * H * W})});
+    // per anchor column (a, h, w): cell x, y and the anchor's w, h in pixels
+    const auto grid = at::meshgrid({at::arange(H, at::kFloat), at::arange(W, at::kFloat)}, "ij");
+    const at::Tensor cell = at::stack({grid[1].flatten(), grid[0].flatten()}).repeat({1, na}).unsqueeze(0);          // [1, 2, na*H*W]
+    const at::Tensor anchor = d.anchors_[int64_t(i)].to(at::kFloat).t().repeat_interleave(H * W, 1).unsqueeze(0);     // [1, 2, na*H*W]
+    const std::string two = e.g.scalar(2.0);
+    const std::string xy = e.g.op("Mul", {e.add(e.g.op("Sub", {e.g.op("Mul", {e.slice(y, 1, 0, 2), two}), e.g.scalar(0.5)}),
+                                                 e.g.tensor(cell, "cells")),
+                                           e.g.scalar(double(strides[i]))});
+    const std::string wh2 = e.g.op("Mul", {e.slice(y, 1, 2, 4), two});
+    const std::string wh = e.g.op("Mul", {e.g.op("Mul", {wh2, wh2}), e.g.tensor(anchor, "anchor_sizes")});
+    const std::string scores = e.g.op("Mul", {e.slice(y, 1, 5, no), e.slice(y, 1, 4, 5)});
+    levels.push_back(e.concat({xy, wh, scores}, 1));
+  }
+  return e.concat(levels, 2);
+}
+
+void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const std::vector<int64_t>& dims, bool dynamic) {
+  v->set_name(name);
+  auto* t = v->mutable_type()->mutable_tensor_type();
+  t->set_elem_type(half ? onnx::TensorProto::FLOAT16 : onnx::TensorProto::FLOAT);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    auto* d = t->mutable_shape()->add_dim();
+    if (i == 0 && dynamic)
+      d->set_dim_param("batch");
+    else
+      d->set_dim_value(dims[i]);
+  }
+}
+
+}  // namespace
+
+void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o) {
+  const DetectorInfo& di = model.info();
+  if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0)
+    throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple));
+  at::NoGradGuard no_grad;
+  model.to(at::kCPU, at::kFloat);
+  model.eval();
+  model.fuse();
+  model.set_recompute(RecomputeMode::off);
+  // The head's feature sizes at the export size (anchor constants, reshapes).
+  const HeadOutputs probe = model.forward(at::zeros({1, 3, o.imgsz(), o.imgsz()}));
+
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.set_producer_name("headroom");
+  m.set_producer_version(HEADROOM_VERSION);
+  auto* opset = m.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOpset);
+  onnx::GraphProto& gp = *m.mutable_graph();
+  gp.set_name(std::filesystem::path(model.yaml_file()).stem().string() + model.scale());
+  Graph g(gp, o.half());
+  Emitter e(g);
+  const int64_t B = o.dynamic() ? 1 : o.batch();
+  add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic());
+
+  std::vector<std::vector<std::string>> values;
+  const auto gather = [&](const std::vector<int>& from) {
+    std::vector<std::string> in;
+    for (int j : from) {
+      if (j < 0)
+        in.push_back("images");
+      else
+        in.insert(in.end(), values[size_t(j)].begin(), values[size_t(j)].end());
+    }
+    return in;
+  };
+  for (const auto& row : model.rows()) values.push_back(emit_row(e, *row.layer, gather(row.from)));
+  const std::vector<std::string> features = gather(model.head_from());
+
+  HeadImpl& head = model.head();
+  std::vector<std::pair<std::string, std::string>> outputs;  // graph value, output name
+  std::vector<std::vector<int64_t>> shapes;
+  if (auto* v8 = dynamic_cast<DetectV8Impl*>(&head)) {
+    outputs.emplace_back(emit_detect_v8(e, *v8, features, probe.at("pred"), di.strides), "output0");
+  } else if (auto* v5 = dynamic_cast<DetectV5Impl*>(&head)) {
+    outputs.emplace_back(emit_detect_v5(e, *v5, features, probe.at("pred"), di.strides), "output0");
+  } else if (auto* cn = dynamic_cast<CenterNetHeadImpl*>(&head)) {
+    for (auto& [name, list] : cn->heads_) {  // the last stack, as inference uses
+      const std::string y = e.module(*list[list->size() - 1], features.back());
+      outputs.emplace_back(name == "heatmap" ? g.op("Sigmoid", {y}) : y, name);
+    }
+  } else {
+    throw Error("ONNX export: no writer for this head");
+  }
+  for (auto& [value, name] : outputs) {
+    // Rename the last node's output to the public name.
+    for (int i = gp.node_size() - 1; i >= 0; --i) {
+      auto* n = gp.mutable_node(i);
+      bool found = false;
+      for (int k = 0; k < n->output_size(); ++k)
+        if (n->output(k) == value) {
+          n->set_output(k, name);
+          found = true;
+        }
+      if (found) break;
+    }
+    std::vector<int64_t> dims;
+    if (di.family == "centernet") {
+      const at::Tensor& t = probe.at(name).back();
+      dims = {B, t.size(1), t.size(2), t.size(3)};
+    } else {
+      int64_t a = 0;
+      for (const auto& p : probe.at("pred")) a += di.family == "yolov5" ? p.size(1) * p.size(2) * p.size(3) : p.size(2) * p.size(3);
+      dims = {B, 4 + di.nc, a};
+    }
+    add_io(gp.add_output(), name, o.half(), dims, o.dynamic());
+  }
+
+  std::string names = "{";
+  for (size_t i = 0; i < info.names.size(); ++i) names += (i ? ", " : "") + std::to_string(i) + ": '" + info.names[i] + "'";
+  names += "}";
+  const int64_t stride = *std::max_element(di.strides.begin(), di.strides.end());
+  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"description", "Headroom " + gp.name() + " (" + di.family + " head)"},
+           {"author", "Headroom"},
+           {"version", HEADROOM_VERSION},
+           {"task", "detect"},
+           {"stride", std::to_string(stride)},
+           {"batch", std::to_string(B)},
+           {"imgsz", "[" + std::to_string(o.imgsz()) + ", " + std::to_string(o.imgsz()) + "]"},
+           {"names", names},
+           {"family", di.family}}) {
+    auto* p = m.add_metadata_props();
+    p->set_key(k);
+    p->set_value(v);
+  }
+  try {
+    onnx::checker::check_model(m);
+    onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), onnx::ShapeInferenceOptions(true, 1));
+  } catch (const std::exception& ex) {
+    throw Error("ONNX export: the graph fails the ONNX checker: " + std::string(ex.what()));
+  }
+  write_file_atomic(path, m.SerializeAsString());
+}
+
+}  // namespace headroom::models
