@@ -564,6 +564,19 @@ def make_safetensors(out: Path) -> None:
     (out / "hf_tensors.expected.txt").write_text("\n".join(lines) + "\n")
 
 
+def write_hg104_keys(out: Path, tree: Path, commit: str) -> None:
+    """The full-size Hourglass-104's state_dict names and shapes (no weights: 730 MB), so a test can
+    check our name map against every tensor of ctdet_coco_hg.pth's network."""
+    lh = load_large_hourglass(tree)
+    model = lh.get_large_hourglass_net(104, {"hm": 80, "wh": 2, "reg": 2}, 256)
+    with open(out / "centernet_hg104_keys.txt", "w") as f:
+        f.write(f"# xingyizhou/CenterNet {commit} get_large_hourglass_net(104, {{hm: 80, wh: 2, reg: 2}}, 256).state_dict(): "
+                "name and shape\n# made by scripts/make_interop_fixtures.py\n")
+        for k, v in model.state_dict().items():
+            f.write(k + " " + ",".join(str(d) for d in v.shape) + "\n")
+    print(f"   centernet_hg104_keys.txt: {sum(p.numel() for p in model.parameters())} params", flush=True)
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -587,6 +600,7 @@ def main() -> None:
         make_safetensors(a.out)
     if "centernet" in only:
         make_centernet(a.out, work, a.centernet.resolve(), a.centernet_commit)
+        write_hg104_keys(a.out, a.centernet.resolve(), a.centernet_commit)
     if "ultralytics" in only:
         make_ultralytics(a.out, work)
     if "yolov5" in only:

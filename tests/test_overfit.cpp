@@ -98,7 +98,13 @@ Overfit overfit(const std::vector<std::string>& model_keys, int steps, double lr
 }  // namespace
 
 TEST(Overfit, TinyYolov8) {
-  const Overfit r = overfit(test::tiny_model("yolov8.yaml"), 200, 5e-3);
+  const Overfit r = overfit(test::tiny_model("yolov8.yaml"), 200, 2e-3);  // 5e-3 ends between two states (AP50 0.84..1.0 by BLAS)
+  EXPECT_LT(r.last_loss, r.first_loss);
+  EXPECT_GE(r.ap50, 0.9);
+}
+
+TEST(Overfit, TinyYolo11) {
+  const Overfit r = overfit(test::tiny_model("yolo11.yaml"), 200, 5e-3);
   EXPECT_LT(r.last_loss, r.first_loss);
   EXPECT_GE(r.ap50, 0.9);
 }

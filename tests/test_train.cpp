@@ -222,7 +222,7 @@ TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
     for (size_t k = 1; k < deltas.size(); ++k) {
       const double diff = relative_difference(deltas[k], deltas[0]);
       std::printf("%s cut %zu: relative difference %.2e\n", model, k, diff);
-      EXPECT_LE(diff, 2e-5) << model << " cut " << k;
+      EXPECT_LE(diff, 5e-5) << model << " cut " << k;
     }
   }
 }

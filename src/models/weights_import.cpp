@@ -244,7 +244,13 @@ ImportedWeights read_imported_weights(const std::string& path) {
   }
   if (!interop::looks_like_torch_file(path))
     throw InputError(path + ": not a weights file Headroom reads (a Headroom .pt, a torch.save file or safetensors)");
-  const interop::TorchFile tf = interop::read_torch_file(path);
+  interop::TorchFile tf;
+  try {
+    tf = interop::read_torch_file(path);
+  } catch (const InputError& e) {  // a cut Headroom file is a zip archive without its end marker too
+    throw InputError(path + ": not a Headroom weights file, or truncated (no end marker); read as a torch.save file: " +
+                     std::string(e.what()).substr(path.size() + 2));
+  }
   const PyValue& root = *tf.root;
   const PyValue* ema = root.get("ema");
   const PyValue* model = ema && ema->is_object() ? ema : root.get("model");
