@@ -16,6 +16,10 @@ TEST(Cli, VersionPrintsLibTorchAndCudaAsJson) {
   EXPECT_FALSE(j.find("libtorch")->as_string().empty());
   EXPECT_TRUE(j.find("cuda")->find("available")->is_bool());
   EXPECT_TRUE(j.find("cuda")->find("devices")->is_array());
+  // The BLAS the matrix products run on: the wheel's MKL, or the libblas.so.3 mapped (OpenBLAS
+  // once install-deps ran)
+  const std::string blas = j.find("blas")->as_string();
+  EXPECT_TRUE(blas.rfind("MKL", 0) == 0 || blas.rfind("OpenBLAS, /", 0) == 0) << blas;
 }
 
 TEST(Cli, ConfigPrintsResolvedValuesWithOverrides) {
@@ -175,6 +179,13 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   const std::string images = (fs::path(test::small_synth()).parent_path() / "images" / "val").string();
   r = test::run_trainer("predict --weights " + pt + " --source " + images + " --conf 0 --save-dir " + dir + "/pred device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // val on a 3-class set: the file's own 3 classes and names
+  r = test::run_trainer("data synth --out " + dir + "/three --images 8 --size 64 --classes 3 --seed 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_trainer("val --weights " + pt + " data.dataset=" + dir + "/three/data.yaml data.imgsz=64 device=cpu --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"AP50\""), std::string::npos) << r.output;
 
   r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/m.safetensors");
   ASSERT_EQ(r.exit_code, 0) << r.output;

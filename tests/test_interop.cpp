@@ -9,20 +9,13 @@
 #include <fstream>
 #include <sstream>
 
-// Debian's ONNX classes: its namespace and the ONNX-ML messages it was generated with (the torch
-// wheel's targets define ONNX_NAMESPACE=onnx_torch for the copy inside libtorch).
-#undef ONNX_NAMESPACE
-#define ONNX_NAMESPACE onnx
-#ifndef ONNX_ML
-#define ONNX_ML 1
-#endif
-#include <onnx/onnx_pb.h>
 
 #include "headroom/core/errors.h"
 #include "headroom/eval/postprocess.h"
 #include "headroom/interop/safetensors.h"
 #include "headroom/interop/torch_file.h"
 #include "headroom/models/onnx_export.h"
+#include "headroom/models/onnx_proto.h"
 #include "headroom/models/weights_import.h"
 #include "test_util.h"
 
@@ -225,6 +218,15 @@ TEST(Interop, AnotherClassCountKeepsEverythingButTheClassOutputs) {
   // and the backbone is the file's
   std::map<std::string, at::Tensor> file(w.tensors.begin(), w.tensors.end());
   EXPECT_TRUE(at::equal(m->named_parameters()["model.0.m.0.cb.conv.weight"], file.at("model.0.conv.weight").to(at::kFloat)));
+  // 40 classes widen YOLOv8's class branch (max(32 P3 channels, 40)): all of it starts afresh, as
+  // Ultralytics' transfer of matching shapes does; the box branch is the file's
+  spec.nc = 40;
+  Detector wide(spec);
+  const ImportReport r40 = import_weights(*wide, w, /*new_head=*/true);
+  EXPECT_EQ(r40.reinitialised.size(), 36u);  // per level: 2 convs with BatchNorm (5 shaped tensors each), the class conv (2)
+  for (const auto& s : r40.reinitialised) EXPECT_EQ(s.rfind("head.cv3.", 0), 0u) << s;
+  EXPECT_TRUE(at::equal(wide->named_parameters()["head.cv2.0.0.cb.conv.weight"], file.at("model.22.cv2.0.0.conv.weight").to(at::kFloat)));
+  spec.nc = 5;
   // without permission the same file is refused
   Detector strict(spec);
   EXPECT_NE(thrown([&] { import_weights(*strict, w, /*new_head=*/false); }).find("other shapes"), std::string::npos);

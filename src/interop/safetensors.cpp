@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -65,15 +66,17 @@ SafeTensors read_safetensors(const std::string& path) {
       throw fail("tensor '" + name + "' lacks dtype, shape or data_offsets");
     const auto d = std::find_if(dtypes().begin(), dtypes().end(), [&](const auto& p) { return p.first == dtype->as_string(); });
     if (d == dtypes().end()) throw fail("tensor '" + name + "' has dtype " + dtype->as_string() + ", which this reader does not read");
+    // Every number is a whole one in [0, 2^53) and the byte count is computed without overflow.
+    const auto whole = [](const Json& v) { return v.is_number() && v.as_number() >= 0 && v.as_number() < 9007199254740992.0 && v.as_number() == std::floor(v.as_number()); };
     std::vector<int64_t> sizes;
-    uint64_t numel = 1;
+    uint64_t nbytes = c10::elementSize(d->second);
     for (const auto& s : shape->items()) {
-      if (!s.is_number() || s.as_number() < 0) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
+      if (!whole(s)) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
       sizes.push_back(int64_t(s.as_number()));
-      numel *= uint64_t(s.as_number());
+      if (__builtin_mul_overflow(nbytes, uint64_t(s.as_number()), &nbytes)) throw fail("tensor '" + name + "' is larger than any file");
     }
+    if (!whole(offsets->items()[0]) || !whole(offsets->items()[1])) throw fail("tensor '" + name + "' has non-integer data_offsets");
     const uint64_t b = uint64_t(offsets->items()[0].as_number()), e = uint64_t(offsets->items()[1].as_number());
-    const uint64_t nbytes = numel * c10::elementSize(d->second);
     if (b > e || e > data_size || e - b != nbytes)
       throw fail("tensor '" + name + "' has byte range [" + std::to_string(b) + ", " + std::to_string(e) + ") but needs " +
                  std::to_string(nbytes) + " bytes within the " + std::to_string(data_size) + " bytes of data");

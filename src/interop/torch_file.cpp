@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include <array>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -125,10 +125,30 @@ class Unpickler {
     stack_.resize(m);
     return items;
   }
+  // Records that `parent` holds `child`: nesting deeper than this would overflow the stack
+  // where the values are walked or freed.
+  void adopt(PyValue& parent, const PyValue& child) {
+    if (&parent == &child) fail("a value that contains itself");
+    parent.depth = std::max(parent.depth, child.depth + 1);
+    if (parent.depth > 1000) fail("values nested more than 1000 deep (a damaged file?)");
+  }
   PyRef tuple(std::vector<PyRef> items) {
     PyRef t = make(Kind::tuple);
+    for (const auto& i : items) adopt(*t, *i);
     t->items = std::move(items);
     return t;
+  }
+  PyRef list(std::vector<PyRef> items) {
+    PyRef l = make(Kind::list);
+    for (const auto& i : items) adopt(*l, *i);
+    l->items = std::move(items);
+    return l;
+  }
+  PyRef object(const std::string& cls, const PyRef& args) {
+    PyRef o = make_text(Kind::object, cls);
+    adopt(*o, *args);
+    o->args = args;
+    return o;
   }
   PyRef memo_get(uint64_t i) {
     const auto it = memo_.find(i);
@@ -147,10 +167,15 @@ class Unpickler {
   void set_items(PyValue& target, const std::vector<PyRef>& kv) {
     if (kv.size() % 2) fail("SETITEMS with an odd number of values");
     if (target.kind != Kind::dict && target.kind != Kind::object) fail("SETITEMS on a " + target.describe());
-    for (size_t i = 0; i < kv.size(); i += 2) target.entries.emplace_back(kv[i], kv[i + 1]);
+    for (size_t i = 0; i < kv.size(); i += 2) {
+      adopt(target, *kv[i]);
+      adopt(target, *kv[i + 1]);
+      target.entries.emplace_back(kv[i], kv[i + 1]);
+    }
   }
   void append(PyValue& target, const std::vector<PyRef>& v) {
     if (target.kind != Kind::list && target.kind != Kind::object) fail("APPEND on a " + target.describe());
+    for (const auto& x : v) adopt(target, *x);
     target.items.insert(target.items.end(), v.begin(), v.end());
   }
 
@@ -167,52 +192,70 @@ class Unpickler {
     return out;
   }
 
-  // REDUCE: the callables torch.save uses to rebuild tensors and ordered dicts; anything else
-  // becomes an object named after its callable.
+  // REDUCE: the callables torch.save uses to rebuild tensors and ordered dicts (a registry by
+  // name); anything else becomes an object named after its callable.
+  using Callable = PyRef (*)(Unpickler&, const PyRef& args);
+  static const std::map<std::string, Callable>& callables() {
+    static const std::map<std::string, Callable> registry = [] {
+      std::map<std::string, Callable> r;
+      for (const char* f : {"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor"}) r[f] = &Unpickler::rebuild_tensor;
+      for (const char* f : {"torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"})
+        r[f] = [](Unpickler& u, const PyRef& args) {
+          const PyValue& data = arg(*args, 0);
+          if (data.kind != Kind::tensor) u.fail("a parameter without a tensor");
+          return make_tensor(data.tensor);
+        };
+      for (const char* f : {"collections.OrderedDict", "builtins.dict"})
+        r[f] = [](Unpickler& u, const PyRef& args) {
+          PyRef d = make(Kind::dict);
+          if (args->kind == Kind::tuple && !args->items.empty())  // OrderedDict([(k, v), ...])
+            for (const auto& kv : args->items[0]->items)
+              if (kv->items.size() == 2) u.set_items(*d, {kv->items[0], kv->items[1]});
+          return d;
+        };
+      for (const char* f : {"builtins.set", "builtins.frozenset", "__builtin__.set"})
+        r[f] = [](Unpickler& u, const PyRef& args) {
+          return u.list(args->kind == Kind::tuple && !args->items.empty() ? args->items[0]->items : std::vector<PyRef>{});
+        };
+      r["copyreg._reconstructor"] = [](Unpickler& u, const PyRef& args) {
+        return u.object(args->kind == Kind::tuple && !args->items.empty() ? args->items[0]->text : "", args);
+      };
+      for (const char* f : {"torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor", "torch._utils._rebuild_sparse_csr_tensor",
+                            "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_wrapper_subclass",
+                            "torch.storage._load_from_bytes"})
+        r[f] = [](Unpickler& u, const PyRef&) -> PyRef {
+          u.fail("it holds a tensor stored in a way this reader does not read (quantized, sparse, meta or a subclass; save a plain dense state_dict)");
+        };
+      return r;
+    }();
+    return registry;
+  }
+
   PyRef call(const PyValue& callable, const PyRef& args) {
-    const std::string& f = callable.text;
-    if (f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") {
-      const PyValue& storage = arg(*args, 0);
-      if (storage.kind != Kind::tensor) fail("a tensor rebuilt from something other than a storage");
-      const int64_t offset = arg(*args, 1).integer;
-      const std::vector<int64_t> size = ints(arg(*args, 2)), stride = ints(arg(*args, 3));
-      int64_t extent = 1;  // last element + 1
-      for (size_t i = 0; i < size.size(); ++i) {
-        if (size[i] == 0) extent = 0;
-        if (extent) extent += (size[i] - 1) * stride[i];
-      }
-      if (extent && offset + extent > storage.tensor.numel()) fail("a tensor reaches past the end of its storage");
-      return make_tensor(storage.tensor.as_strided(size, stride, offset));
+    const auto it = callables().find(callable.text);
+    if (it != callables().end()) return it->second(*this, args);
+    return object(callable.text, args);
+  }
+
+  // _rebuild_tensor_v2(storage, offset, size, stride, ...): a view of the storage, checked to lie
+  // inside it before LibTorch is asked for it.
+  static PyRef rebuild_tensor(Unpickler& u, const PyRef& args) {
+    const PyValue& storage = arg(*args, 0);
+    if (storage.kind != Kind::tensor) u.fail("a tensor rebuilt from something other than a storage");
+    const int64_t offset = arg(*args, 1).integer;
+    const std::vector<int64_t> size = ints(arg(*args, 2)), stride = ints(arg(*args, 3));
+    if (size.size() != stride.size() || offset < 0) u.fail("a tensor whose sizes and strides disagree");
+    int64_t last = offset;  // the last element's index
+    bool empty = false;
+    for (size_t i = 0; i < size.size(); ++i) {
+      if (size[i] < 0 || stride[i] < 0) u.fail("a tensor with a negative size or stride");
+      if (size[i] == 0) empty = true;
+      int64_t reach = 0;
+      if (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &reach) || __builtin_add_overflow(last, reach, &last)))
+        u.fail("a tensor whose extent overflows");
     }
-    if (f == "torch._utils._rebuild_parameter" || f == "torch._utils._rebuild_parameter_with_state") {
-      const PyValue& data = arg(*args, 0);
-      if (data.kind != Kind::tensor) fail("a parameter without a tensor");
-      return make_tensor(data.tensor);
-    }
-    if (f == "torch._utils._rebuild_qtensor" || f == "torch._utils._rebuild_sparse_tensor" ||
-        f == "torch._utils._rebuild_sparse_csr_tensor" || f == "torch._utils._rebuild_meta_tensor_no_storage" ||
-        f == "torch._utils._rebuild_wrapper_subclass" || f == "torch.storage._load_from_bytes")
-      fail("it holds a tensor stored with " + f + ", which this reader does not read (save a plain dense state_dict)");
-    if (f == "collections.OrderedDict" || f == "builtins.dict") {
-      PyRef d = make(Kind::dict);
-      if (args->kind == Kind::tuple && !args->items.empty())  // OrderedDict([(k, v), ...])
-        for (const auto& kv : args->items[0]->items)
-          if (kv->items.size() == 2) d->entries.emplace_back(kv->items[0], kv->items[1]);
-      return d;
-    }
-    if (f == "builtins.set" || f == "builtins.frozenset") {
-      PyRef s = make(Kind::list);
-      if (args->kind == Kind::tuple && !args->items.empty()) s->items = args->items[0]->items;
-      return s;
-    }
-    if (f == "copyreg._reconstructor" && args->kind == Kind::tuple && !args->items.empty()) {
-      PyRef o = make_text(Kind::object, args->items[0]->text);
-      o->args = args;
-      return o;
-    }
-    PyRef o = make_text(Kind::object, f);
-    o->args = args;
-    return o;
+    if (!empty && last >= storage.tensor.numel()) u.fail("a tensor reaches past the end of its storage");
+    return make_tensor(storage.tensor.as_strided(size, stride, offset));
   }
 
   // ('storage', storage_type, key, location, numel[, view_metadata])
@@ -306,12 +349,7 @@ class Unpickler {
       case 'C': stack_.push_back(make_text(Kind::bytes, bytes(u8()))); break;
       case 0x8e: stack_.push_back(make_text(Kind::bytes, bytes(size_t(little<uint64_t>())))); break;
       case ']': stack_.push_back(make(Kind::list)); break;
-      case 'l': {
-        PyRef l = make(Kind::list);
-        l->items = pop_to_mark();
-        stack_.push_back(l);
-        break;
-      }
+      case 'l': stack_.push_back(list(pop_to_mark())); break;
       case 'a': {
         PyRef v = pop();
         append(*top(), {v});
@@ -352,17 +390,12 @@ class Unpickler {
         break;
       }
       case 0x8f: stack_.push_back(make(Kind::list)); break;  // EMPTY_SET: a set reads as a list
-      case 0x90: {
+      case 0x90: {  // ADDITEMS
         std::vector<PyRef> v = pop_to_mark();
-        top()->items.insert(top()->items.end(), v.begin(), v.end());
+        append(*top(), v);
         break;
       }
-      case 0x91: {
-        PyRef s = make(Kind::list);
-        s->items = pop_to_mark();
-        stack_.push_back(s);
-        break;
-      }
+      case 0x91: stack_.push_back(list(pop_to_mark())); break;  // FROZENSET
       case 'p': memo_[uint64_t(std::stoull(line()))] = top(); break;
       case 'q': memo_[u8()] = top(); break;
       case 'r': memo_[little<uint32_t>()] = top(); break;
@@ -387,38 +420,33 @@ class Unpickler {
       }
       case 0x81: {  // NEWOBJ
         PyRef args = pop(), cls = pop();
-        PyRef o = make_text(Kind::object, cls->text);
-        o->args = args;
-        stack_.push_back(o);
+        stack_.push_back(object(cls->text, args));
         break;
       }
       case 0x92: {  // NEWOBJ_EX
         pop();  // kwargs
         PyRef args = pop(), cls = pop();
-        PyRef o = make_text(Kind::object, cls->text);
-        o->args = args;
-        stack_.push_back(o);
+        stack_.push_back(object(cls->text, args));
         break;
       }
       case 'o': {  // OBJ: MARK cls args... OBJ
         std::vector<PyRef> v = pop_to_mark();
         if (v.empty()) fail("OBJ without a class");
-        PyRef o = make_text(Kind::object, v[0]->text);
-        o->args = tuple(std::vector<PyRef>(v.begin() + 1, v.end()));
-        stack_.push_back(o);
+        stack_.push_back(object(v[0]->text, tuple(std::vector<PyRef>(v.begin() + 1, v.end()))));
         break;
       }
       case 'i': {  // INST: module and name lines, MARK args
         const std::string module = line(), name = line();
-        PyRef o = make_text(Kind::object, module + "." + name);
-        o->args = tuple(pop_to_mark());
-        stack_.push_back(o);
+        stack_.push_back(object(module + "." + name, tuple(pop_to_mark())));
         break;
       }
       case 'b': {  // BUILD
         PyRef state = pop();
         PyValue& obj = *top();
-        if (obj.kind == Kind::object) obj.state = state;  // a dict's attributes (OrderedDict._metadata) are dropped
+        if (obj.kind == Kind::object) {  // a dict's attributes (OrderedDict._metadata) are dropped
+          adopt(obj, *state);
+          obj.state = state;
+        }
         break;
       }
       case 'Q': {
@@ -455,7 +483,7 @@ at::Tensor storage_from_bytes(const void* data, size_t nbytes, at::ScalarType dt
 
 template <class T>
 T read_le(const std::string& b, size_t at) {
-  if (at + sizeof(T) > b.size()) throw std::runtime_error("byte " + std::to_string(at) + ": the zip directory runs past the end of the file");
+  if (at > b.size() || b.size() - at < sizeof(T)) throw std::runtime_error("byte " + std::to_string(at) + ": the zip directory runs past the end of the file");
   T v;
   std::memcpy(&v, b.data() + at, sizeof(T));
   return v;
@@ -511,7 +539,7 @@ class ZipRecords {
         throw std::runtime_error("record " + name + ": no local header at byte " + std::to_string(local));
       r.offset = local + 30 + read_le<uint16_t>(bytes_, size_t(local) + 26) + read_le<uint16_t>(bytes_, size_t(local) + 28);
       r.size = size;
-      if (r.offset + r.size > n) throw std::runtime_error("record " + name + " runs past the end of the file (truncated)");
+      if (r.offset > n || r.size > n - r.offset) throw std::runtime_error("record " + name + " runs past the end of the file (truncated)");
       // "<folder>/data.pkl" -> "data.pkl": torch.save puts everything under one folder
       const size_t slash = name.find('/');
       records_[slash == std::string::npos ? name : name.substr(slash + 1)] = r;
@@ -582,7 +610,8 @@ TorchFile read_legacy(const std::string& path) {
   // states, fill it in once its bytes are reached.
   std::map<std::string, at::Tensor> storages;
   const PyRef root = next_pickle([&](const std::string& key, at::ScalarType dtype, int64_t numel) {
-    if (numel < 0) throw std::runtime_error("storage " + key + " without an element count");
+    if (numel < 0 || uint64_t(numel) > bytes.size() / c10::elementSize(dtype))
+      throw std::runtime_error("storage " + key + " claims " + std::to_string(numel) + " elements, more than the file holds");
     wanted[key] = dtype;
     at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
     storages[key] = t;
@@ -590,10 +619,12 @@ TorchFile read_legacy(const std::string& path) {
   });
   const PyRef keys = next_pickle(no_storage);
   if (keys->kind != Kind::list) throw std::runtime_error("no storage key list after the object");
+  std::set<std::string> filled;
   for (const auto& k : keys->items) {
     const std::string key = k->text;
     const auto it = wanted.find(key);
     if (it == wanted.end()) throw std::runtime_error("storage " + key + " listed but never used");
+    if (!filled.insert(key).second) throw std::runtime_error("storage " + key + " listed twice");
     if (bytes.size() - pos < 8) throw std::runtime_error("byte " + std::to_string(pos) + ": the file ends before storage " + key);
     int64_t numel = 0;
     std::memcpy(&numel, bytes.data() + pos, 8);
@@ -608,16 +639,17 @@ TorchFile read_legacy(const std::string& path) {
     if (nbytes) std::memcpy(t.data_ptr(), bytes.data() + pos, nbytes);  // the rebuilt tensors view it
     pos += nbytes;
   }
-  if (storages.size() != keys->items.size()) throw std::runtime_error("the storage key list misses storages of the object");
+  if (filled.size() != storages.size()) throw std::runtime_error("the storage key list misses storages of the object");
   return TorchFile{root, "legacy"};
 }
 
 }  // namespace
 
 const PyValue* PyValue::get(const std::string& key) const {
-  if (kind == Kind::object) return state ? state->get(key) : nullptr;
-  if (kind != Kind::dict) return nullptr;
-  for (const auto& [k, v] : entries)
+  // An object's attributes are its state's entries (one level: a crafted file may make values cyclic).
+  const PyValue* d = kind == Kind::object ? state.get() : this;
+  if (!d || d->kind != Kind::dict) return nullptr;
+  for (const auto& [k, v] : d->entries)
     if (k->kind == Kind::string && k->text == key) return v.get();
   return nullptr;
 }
@@ -666,7 +698,8 @@ TorchFile read_torch_file(const std::string& path) {
 
 std::vector<std::pair<std::string, at::Tensor>> module_state(const PyValue& v) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  std::function<void(const PyValue&, const std::string&)> walk = [&](const PyValue& m, const std::string& prefix) {
+  std::function<void(const PyValue&, const std::string&, int)> walk = [&](const PyValue& m, const std::string& prefix, int depth) {
+    if (depth > 64) throw InputError("module tree deeper than 64 levels at " + prefix + " (a cyclic or damaged file?)");
     const PyValue* params = m.get("_parameters");
     const PyValue* buffers = m.get("_buffers");
     const PyValue* children = m.get("_modules");
@@ -680,10 +713,10 @@ std::vector<std::pair<std::string, at::Tensor>> module_state(const PyValue& v) {
     }
     if (children)
       for (const auto& [k, c] : children->entries)
-        if (c->kind == Kind::object) walk(*c, prefix + k->text + ".");
+        if (c->kind == Kind::object) walk(*c, prefix + k->text + ".", depth + 1);
   };
   if (v.is_object() && v.get("_modules")) {
-    walk(v, "");
+    walk(v, "", 0);
   } else if (v.is_dict()) {
     for (const auto& [k, t] : v.entries)
       if (k->kind == Kind::string && t->kind == Kind::tensor) out.emplace_back(k->text, t->tensor);

@@ -442,6 +442,13 @@ Detector build_detector(const Config& c, int64_t nc) {
   return d;
 }
 
+std::string DetectorImpl::name() const {
+  const size_t colon = yaml_file_.rfind(':');
+  std::string stem = fs::path(colon == std::string::npos ? yaml_file_ : yaml_file_.substr(colon + 1)).stem().string();
+  if (!scale_.empty() && (stem.size() < scale_.size() || stem.compare(stem.size() - scale_.size(), scale_.size(), scale_) != 0)) stem += scale_;
+  return stem;
+}
+
 std::string format_model_summary(DetectorImpl& d, int64_t imgsz) {
   std::string out;
   char buf[512];
@@ -456,7 +463,7 @@ std::string format_model_summary(DetectorImpl& d, int64_t imgsz) {
   std::string strides;
   for (int64_t s : info.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(s);
   // "yolo11n summary (yolov8 head)": the file and scale name the model, the family its head and loss.
-  const std::string name = std::filesystem::path(d.yaml_file()).stem().string() + d.scale();
+  const std::string name = d.name();
   std::snprintf(buf, sizeof buf, "%s summary (%s head): %zu rows, %lld parameters, %lld trainable, strides [%s], %.1f GFLOPs at %lld\n",
                 name.c_str(), info.family.c_str(), d.layers().size(),
                 static_cast<long long>(d.parameter_count()), static_cast<long long>(d.parameter_count(true)),

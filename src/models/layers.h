@@ -70,7 +70,9 @@ class ConcatLayerImpl : public LayerImpl {
  public:
   explicit ConcatLayerImpl(int64_t dim) : dim_(dim) {}
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::cat(in, dim_)}; }
+  int64_t dim() const { return dim_; }
 
+ private:
   int64_t dim_;
 };
 
@@ -81,7 +83,9 @@ class UpsampleLayerImpl : public LayerImpl {
     namespace F = torch::nn::functional;
     return {F::interpolate(in[0], F::InterpolateFuncOptions().scale_factor(std::vector<double>{scale_, scale_}).mode(torch::kNearest))};
   }
+  double scale() const { return scale_; }
 
+ private:
   double scale_;
 };
 
@@ -164,6 +168,10 @@ class DetectV8Impl : public HeadImpl {
   torch::nn::ModuleList cv2, cv3;
   torch::nn::Conv2d dfl{nullptr};
 
+  int64_t nc() const { return nc_; }
+  int64_t reg_max() const { return reg_max_; }
+
+ private:
   int64_t nc_, reg_max_;
 };
 
@@ -203,6 +211,11 @@ class DetectV5Impl : public HeadImpl {
 
   torch::nn::ModuleList m;
 
+  int64_t nc() const { return nc_; }
+  int64_t anchors_per_cell() const { return na_; }
+  const at::Tensor& anchors() const { return anchors_; }  // [levels, anchors, 2] pixels
+
+ private:
   int64_t nc_, na_;
   at::Tensor anchors_;
 };
@@ -245,6 +258,10 @@ class CenterNetHeadImpl : public HeadImpl {
     info.stacks = static_cast<int64_t>(heads_[0].second->size());
   }
 
+  // {"heatmap" | "size" | "offset", one Sequential per input}
+  const std::vector<std::pair<std::string, torch::nn::ModuleList>>& heads() const { return heads_; }
+
+ private:
   int64_t nc_;
   std::vector<std::pair<std::string, torch::nn::ModuleList>> heads_;
   bool recomputed_ = false;

@@ -1,15 +1,9 @@
 #include "headroom/models/onnx_export.h"
 
+#include "headroom/models/onnx_proto.h"  // first: it fixes the ONNX namespace
+
 #include <ATen/ATen.h>
-// Debian's ONNX classes: its namespace and the ONNX-ML messages it was generated with (the torch
-// wheel's targets define ONNX_NAMESPACE=onnx_torch for the copy inside libtorch).
-#undef ONNX_NAMESPACE
-#define ONNX_NAMESPACE onnx
-#ifndef ONNX_ML
-#define ONNX_ML 1
-#endif
 #include <onnx/checker.h>
-#include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
@@ -247,13 +241,30 @@ std::string Emitter::module(torch::nn::Module& m, const std::string& x) {
   return it->second(*this, m, x);
 }
 
-// A row's outputs (Hourglass: one per stack).
+// Rows: their inputs to their outputs (Hourglass: one per stack), by layer type.
+using RowEmitter = std::function<std::vector<std::string>(Emitter&, LayerImpl&, const std::vector<std::string>&)>;
+
+template <class T>
+std::pair<std::type_index, RowEmitter> row_emitter(std::function<std::vector<std::string>(Emitter&, T&, const std::vector<std::string>&)> f) {
+  return {std::type_index(typeid(T)), [f](Emitter& e, LayerImpl& l, const std::vector<std::string>& in) { return f(e, dynamic_cast<T&>(l), in); }};
+}
+
 std::vector<std::string> emit_row(Emitter& e, LayerImpl& layer, const std::vector<std::string>& in) {
-  if (auto* s = dynamic_cast<SequentialLayerImpl*>(&layer)) return {e.sequence(*s->seq, in.at(0))};
-  if (auto* c = dynamic_cast<ConcatLayerImpl*>(&layer)) return {e.concat(in, c->dim_)};
-  if (auto* u = dynamic_cast<UpsampleLayerImpl*>(&layer)) return {e.upsample(in.at(0), u->scale_)};
-  if (auto* h = dynamic_cast<HourglassImpl*>(&layer)) return e.hourglass(*h, in.at(0));
-  throw Error("ONNX export: no writer for layer " + layer.name());
+  static const std::unordered_map<std::type_index, RowEmitter> registry = {
+      row_emitter<SequentialLayerImpl>([](Emitter& e, SequentialLayerImpl& l, const std::vector<std::string>& in) {
+        return std::vector<std::string>{e.sequence(*l.seq, in.at(0))};
+      }),
+      row_emitter<ConcatLayerImpl>([](Emitter& e, ConcatLayerImpl& l, const std::vector<std::string>& in) {
+        return std::vector<std::string>{e.concat(in, l.dim())};
+      }),
+      row_emitter<UpsampleLayerImpl>([](Emitter& e, UpsampleLayerImpl& l, const std::vector<std::string>& in) {
+        return std::vector<std::string>{e.upsample(in.at(0), l.scale())};
+      }),
+      row_emitter<HourglassImpl>([](Emitter& e, HourglassImpl& l, const std::vector<std::string>& in) { return e.hourglass(l, in.at(0)); }),
+  };
+  const auto it = registry.find(std::type_index(typeid(layer)));
+  if (it == registry.end()) throw Error("ONNX export: no writer for layer " + layer.name());
+  return it->second(e, layer, in);
 }
 
 // [1, 2, A] anchor points and [1, 1, A] strides at the export size, as decode_candidates uses.
@@ -265,14 +276,14 @@ std::pair<at::Tensor, at::Tensor> anchor_grid(const std::vector<at::Tensor>& fea
 // YOLOv8 / YOLO11: DFL expectation, distances to a centre-size box, sigmoid classes.
 std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
                            const std::vector<int64_t>& strides) {
-  const int64_t no = 4 * d.reg_max_ + d.nc_;
+  const int64_t reg_max = d.reg_max(), nc = d.nc(), no = 4 * reg_max + nc;
   std::vector<std::string> levels;
   for (size_t i = 0; i < f.size(); ++i)
     levels.push_back(e.reshape(e.concat({e.module(*d.cv2[i], f[i]), e.module(*d.cv3[i], f[i])}, 1), {0, no, -1}));
-  const std::vector<std::string> parts = e.split(e.concat(levels, 2), 1, {4 * d.reg_max_, d.nc_});  // [B, 64, A], [B, nc, A]
-  const std::string probs = e.g.op("Softmax", {e.reshape(parts[0], {0, 4, d.reg_max_, -1})},
+  const std::vector<std::string> parts = e.split(e.concat(levels, 2), 1, {4 * reg_max, nc});  // [B, 64, A], [B, nc, A]
+  const std::string probs = e.g.op("Softmax", {e.reshape(parts[0], {0, 4, reg_max, -1})},
                                    [](onnx::NodeProto& n) { set(n, "axis", int64_t(2)); });
-  const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, d.reg_max_, 1}), "dfl");
+  const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, reg_max, 1}), "dfl");
   const std::string dist = e.g.op("ReduceSum", {e.g.op("Mul", {probs, bins}), e.g.ints({2})},
                                   [](onnx::NodeProto& n) { set(n, "keepdims", int64_t(0)); });  // [B, 4, A] l, t, r, b
   const auto [points, stride] = anchor_grid(feats, strides);
@@ -286,7 +297,7 @@ std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::s
 // YOLOv5: per level sigmoid, grid offsets and anchor sizes, objectness x class.
 std::string emit_detect_v5(Emitter& e, DetectV5Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
                            const std::vector<int64_t>& strides) {
-  const int64_t na = d.na_, no = d.nc_ + 5;
+  const int64_t na = d.anchors_per_cell(), no = d.nc() + 5;
   std::vector<std::string> levels;
   for (size_t i = 0; i < f.size(); ++i) {
     const int64_t H = feats[i].size(2), W = feats[i].size(3);
@@ -295,7 +306,7 @@ std::string emit_detect_v5(Emitter& e, DetectV5Impl& d, const std::vector<std::s
     // per anchor column (a, h, w): cell x, y and the anchor's w, h in pixels
     const auto grid = at::meshgrid({at::arange(H, at::kFloat), at::arange(W, at::kFloat)}, "ij");
     const at::Tensor cell = at::stack({grid[1].flatten(), grid[0].flatten()}).repeat({1, na}).unsqueeze(0);          // [1, 2, na*H*W]
-    const at::Tensor anchor = d.anchors_[int64_t(i)].to(at::kFloat).t().repeat_interleave(H * W, 1).unsqueeze(0);     // [1, 2, na*H*W]
+    const at::Tensor anchor = d.anchors()[int64_t(i)].to(at::kFloat).t().repeat_interleave(H * W, 1).unsqueeze(0);     // [1, 2, na*H*W]
     const std::string two = e.g.scalar(2.0);
     const std::string xy = e.g.op("Mul", {e.add(e.g.op("Sub", {e.g.op("Mul", {e.slice(y, 1, 0, 2), two}), e.g.scalar(0.5)}),
                                                  e.g.tensor(cell, "cells")),
@@ -325,6 +336,7 @@ void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const s
 
 void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o) {
   const DetectorInfo& di = model.info();
+  if (o.batch() < 1) throw InputError("export: --batch must be at least 1");
   if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0)
     throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple));
   at::NoGradGuard no_grad;
@@ -343,7 +355,7 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   opset->set_domain("");
   opset->set_version(kOpset);
   onnx::GraphProto& gp = *m.mutable_graph();
-  gp.set_name(std::filesystem::path(model.yaml_file()).stem().string() + model.scale());
+  gp.set_name(model.name());
   Graph g(gp, o.half());
   Emitter e(g);
   const int64_t B = o.dynamic() ? 1 : o.batch();
@@ -363,21 +375,37 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   for (const auto& row : model.rows()) values.push_back(emit_row(e, *row.layer, gather(row.from)));
   const std::vector<std::string> features = gather(model.head_from());
 
+  // The head's outputs: {graph value, output name}, by head type.
+  using HeadEmitter = std::function<std::vector<std::pair<std::string, std::string>>(Emitter&, HeadImpl&)>;
+  const auto yolo = [&](auto emit) -> HeadEmitter {
+    return [&, emit](Emitter& em, HeadImpl& h) {
+      return std::vector<std::pair<std::string, std::string>>{{emit(em, h, features, probe.at("pred"), di.strides), "output0"}};
+    };
+  };
+  const std::unordered_map<std::type_index, HeadEmitter> heads = {
+      {std::type_index(typeid(DetectV8Impl)),
+       yolo([](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
+         return emit_detect_v8(em, dynamic_cast<DetectV8Impl&>(h), f, p, s);
+       })},
+      {std::type_index(typeid(DetectV5Impl)),
+       yolo([](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
+         return emit_detect_v5(em, dynamic_cast<DetectV5Impl&>(h), f, p, s);
+       })},
+      {std::type_index(typeid(CenterNetHeadImpl)),
+       [&](Emitter& em, HeadImpl& h) {
+         std::vector<std::pair<std::string, std::string>> out;
+         for (const auto& [name, stacks] : dynamic_cast<CenterNetHeadImpl&>(h).heads()) {  // the last stack, as inference uses
+           torch::nn::ModuleList list = stacks;
+           const std::string y = em.module(*list[list->size() - 1], features.back());
+           out.emplace_back(name == "heatmap" ? em.g.op("Sigmoid", {y}) : y, name);
+         }
+         return out;
+       }},
+  };
   HeadImpl& head = model.head();
-  std::vector<std::pair<std::string, std::string>> outputs;  // graph value, output name
-  std::vector<std::vector<int64_t>> shapes;
-  if (auto* v8 = dynamic_cast<DetectV8Impl*>(&head)) {
-    outputs.emplace_back(emit_detect_v8(e, *v8, features, probe.at("pred"), di.strides), "output0");
-  } else if (auto* v5 = dynamic_cast<DetectV5Impl*>(&head)) {
-    outputs.emplace_back(emit_detect_v5(e, *v5, features, probe.at("pred"), di.strides), "output0");
-  } else if (auto* cn = dynamic_cast<CenterNetHeadImpl*>(&head)) {
-    for (auto& [name, list] : cn->heads_) {  // the last stack, as inference uses
-      const std::string y = e.module(*list[list->size() - 1], features.back());
-      outputs.emplace_back(name == "heatmap" ? g.op("Sigmoid", {y}) : y, name);
-    }
-  } else {
-    throw Error("ONNX export: no writer for this head");
-  }
+  const auto emit_head = heads.find(std::type_index(typeid(head)));
+  if (emit_head == heads.end()) throw Error("ONNX export: no writer for this head");
+  const std::vector<std::pair<std::string, std::string>> outputs = emit_head->second(e, head);
   for (auto& [value, name] : outputs) {
     // Rename the last node's output to the public name.
     for (int i = gp.node_size() - 1; i >= 0; --i) {
@@ -403,7 +431,11 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   }
 
   std::string names = "{";
-  for (size_t i = 0; i < info.names.size(); ++i) names += (i ? ", " : "") + std::to_string(i) + ": '" + info.names[i] + "'";
+  for (size_t i = 0; i < info.names.size(); ++i) {  // a Python dict literal, as Ultralytics writes it
+    std::string quoted;
+    for (char ch : info.names[i]) quoted += ch == '\'' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+    names += (i ? ", " : "") + std::to_string(i) + ": '" + quoted + "'";
+  }
   names += "}";
   const int64_t stride = *std::max_element(di.strides.begin(), di.strides.end());
   for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{

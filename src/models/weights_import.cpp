@@ -12,6 +12,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/text.h"
 #include "headroom/interop/safetensors.h"
 #include "headroom/interop/torch_file.h"
 
@@ -23,7 +24,8 @@ using interop::PyValue;
 using Kind = interop::PyValue::Kind;
 
 // The model YAML a checkpoint pickles (a dict) as YAML text for our model builder.
-void emit(YAML::Emitter& e, const PyValue& v) {
+void emit(YAML::Emitter& e, const PyValue& v, int depth = 0) {
+  if (depth > 32) throw std::runtime_error("the model YAML nests deeper than 32 levels");
   switch (v.kind) {
     case Kind::none: e << YAML::Null; break;
     case Kind::boolean: e << (v.boolean ? "True" : "False"); break;
@@ -33,14 +35,14 @@ void emit(YAML::Emitter& e, const PyValue& v) {
     case Kind::list:
     case Kind::tuple:
       e << YAML::Flow << YAML::BeginSeq;
-      for (const auto& x : v.items) emit(e, *x);
+      for (const auto& x : v.items) emit(e, *x, depth + 1);
       e << YAML::EndSeq;
       break;
     case Kind::dict:
       e << YAML::BeginMap;
       for (const auto& [k, x] : v.entries) {
         e << YAML::Key << (k->kind == Kind::string ? k->text : k->describe()) << YAML::Value;
-        emit(e, *x);
+        emit(e, *x, depth + 1);
       }
       e << YAML::EndMap;
       break;
@@ -121,7 +123,7 @@ ModelSpec centernet_spec(const std::vector<std::pair<std::string, at::Tensor>>& 
   };
   ModelSpec s;
   s.nc = dim0("hm.0.1.weight");
-  s.file = path + " (CenterNet Hourglass read off the checkpoint)";
+  s.file = path + ":hourglass.yaml";  // the YAML read off the checkpoint
   s.text = "nc: " + std::to_string(s.nc) + "\nbackbone:\n  - [-1, 1, HourglassStem, [" + std::to_string(dim0("pre.0.conv.weight")) + ", " +
            std::to_string(dim0("pre.1.conv1.weight")) + "]]\n  - [-1, 1, Hourglass, [" + std::to_string(stacks) + ", " + list(dims) +
            ", " + list(blocks) + ", " + std::to_string(dim0("cnvs.0.conv.weight")) + "]]\nhead:\n  - [-1, 1, CenterNetHead, [nc, " +
@@ -166,6 +168,13 @@ const std::vector<std::pair<std::regex, std::string>>& centernet_rules() {
   return rules;
 }
 
+// The head's tensors whose shapes follow the class count: YOLOv8/11's class branch (its width
+// is max(P3 channels, min(nc, 100))), YOLOv5's output convolutions, CenterNet's heatmap head.
+bool in_class_branch(const std::string& family, const std::string& name) {
+  const char* prefix = family == "yolov8" ? "head.cv3." : family == "yolov5" ? "head.m." : "head.heatmap.";
+  return name.rfind(prefix, 0) == 0;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model, Naming naming) {
@@ -208,7 +217,8 @@ std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model,
     if (std::regex_search(r, m, row_item))
       r = "model." + m[1].str() + "." + (repeated_rows.count(m[1].str()) ? m[2].str() + "." : "") + m.suffix().str();
     if (r.rfind("head.", 0) == 0) r = head + r.substr(5);
-    r = std::regex_replace(r, std::regex(R"(\.cb\.)"), ".");
+    static const std::regex wrapper(R"(\.cb\.)");
+    r = std::regex_replace(r, wrapper, ".");
     out.emplace_back(n, r);
   }
   return out;
@@ -230,7 +240,9 @@ ImportedWeights read_imported_weights(const std::string& path) {
       s.text = yaml->second;
       s.file = st.metadata.count("headroom_model_file") ? st.metadata["headroom_model_file"] : path;
       s.scale = st.metadata["headroom_scale"];
-      s.nc = std::stoll(st.metadata.count("headroom_nc") ? st.metadata["headroom_nc"] : "-1");
+      const std::optional<int64_t> nc = parse_int(st.metadata["headroom_nc"]);
+      if (!nc || *nc < 1) throw InputError(path + ": damaged Headroom safetensors: metadata headroom_nc is '" + st.metadata["headroom_nc"] + "'");
+      s.nc = *nc;
       w.model = s;
       if (st.metadata.count("headroom_names")) {
         const Json names = Json::parse(st.metadata["headroom_names"], path + " (metadata headroom_names)");
@@ -266,7 +278,9 @@ ImportedWeights read_imported_weights(const std::string& path) {
     if (!yaml || !yaml->is_dict())
       throw InputError(path + ": its " + model->describe() + " carries no model YAML ('yaml'), so its architecture is unknown");
     ModelSpec s;
-    s.file = path + " (model YAML of " + w.source + ")";
+    // "best.pt:yolov8n.yaml": the YAML inside the checkpoint, by the name the library gave it
+    const PyValue* name = yaml->get("yaml_file");
+    s.file = path + ":" + (name && name->kind == Kind::string && !name->text.empty() ? name->text : std::string("model.yaml"));
     try {
       s.text = yaml_text(*yaml);
     } catch (const std::exception& e) {
@@ -313,7 +327,7 @@ ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool 
       if (mine.size() < 20 || mine.compare(mine.size() - 20, 20, ".num_batches_tracked") != 0) r.missing.push_back(mine);
       continue;
     }
-    used.insert(name);
+    if (!used.insert(name).second) throw Error(w.path + ": two tensors of the model map to " + name + " (a name-map bug)");
     at::Tensor from = *it->second;
     // YOLOv5 v7.0 keeps anchors in grid units of each level; ours are pixels.
     if (w.naming == Naming::ultralytics && mine == "head.anchors" && from.dim() == 3) {
@@ -322,7 +336,7 @@ ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool 
     }
     if (!from.sizes().equals(into.sizes())) {
       const std::string what = mine + ": " + shape_text(from) + " in the file, " + shape_text(into) + " here";
-      (new_head && mine.rfind("head.", 0) == 0 ? r.reinitialised : r.mismatched).push_back(what);
+      (new_head && in_class_branch(model.info().family, mine) ? r.reinitialised : r.mismatched).push_back(what);
       continue;
     }
     copies.emplace_back(into, from);

@@ -31,6 +31,7 @@ struct PyValue {
   PyRef args;                                     // object: its constructor arguments (a tuple)
   PyRef state;                                    // object: what BUILD gave it (usually a dict of attributes)
   at::Tensor tensor;                              // tensor (on the CPU, in its saved dtype)
+  int depth = 0;                                  // nesting below it (the reader refuses > 1000)
 
   // A dict's entry, or an object's attribute (from its state), by string key; null when absent.
   const PyValue* get(const std::string& key) const;

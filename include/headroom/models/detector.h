@@ -99,6 +99,9 @@ class DetectorImpl : public torch::nn::Module {
   const std::string& scale() const { return scale_; }
   const std::string& yaml_text() const { return yaml_text_; }  // what it was built from
   const std::string& yaml_file() const { return yaml_file_; }
+  // "yolo11n": the YAML's name without its folder and extension, with the scale (a YAML inside a
+  // weights file, "best.pt:yolov8n.yaml", is named by its own part).
+  std::string name() const;
   int64_t parameter_count(bool trainable_only = false) const;
   // FLOPs of one forward at `size` x `size`, counted as Ultralytics does (at a small probe size,
   // scaled by area).
