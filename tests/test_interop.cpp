@@ -10,6 +10,7 @@
 #include <sstream>
 
 
+#include "headroom/core/config.h"
 #include "headroom/core/errors.h"
 #include "headroom/eval/postprocess.h"
 #include "headroom/interop/safetensors.h"
@@ -471,4 +472,17 @@ TEST(Interop, HourglassNamesCoverCenterNetsHg104) {
     ++matched;
   }
   EXPECT_EQ(matched, theirs.size());
+}
+
+// A bad model.init_from names the file and the config line that gave it; nothing is written.
+TEST(Interop, ABadInitFromNamesTheConfigLine) {
+  const std::string dir = test::temp_dir("bad-init-from");
+  test::write_bytes(dir + "/run.yaml", "model:\n  init_from: " + dir + "/nope.pt\n");
+  std::string e = thrown([&] { build_detector(load_config(dir + "/run.yaml"), 3); });
+  EXPECT_NE(e.find("nope.pt: weights file not found"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.init_from from " + dir + "/run.yaml:2"), std::string::npos) << e;
+  test::write_bytes(dir + "/notes.pt", "not weights");
+  e = thrown([&] { build_detector(load_config(dir + "/run.yaml", {"model.init_from=" + dir + "/notes.pt"}), 3); });
+  EXPECT_NE(e.find("notes.pt: not a weights file Headroom reads"), std::string::npos) << e;
+  EXPECT_NE(e.find("command line 'model.init_from="), std::string::npos) << e;
 }

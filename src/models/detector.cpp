@@ -424,18 +424,26 @@ ModelSpec model_spec(const Config& c, int64_t nc) {
   s.file = c.model.file;
   s.scale = c.model.scale;
   if (!c.source.empty()) s.base_dir = fs::path(c.source).parent_path().string();
-  if (!c.model.init_from.empty())
-    if (const std::optional<ModelSpec> carried = carried_model(c.model.init_from)) s = *carried;  // as `yolo train model=x.pt`
+  if (!c.model.init_from.empty()) {
+    try {
+      if (const std::optional<ModelSpec> carried = carried_model(c.model.init_from)) s = *carried;  // as `yolo train model=x.pt`
+    } catch (const InputError& e) {
+      throw InputError(std::string(e.what()) + " (model.init_from from " + c.where("model.init_from") + ")");
+    }
+  }
   s.nc = nc;
   return s;
 }
 
 Detector build_detector(const Config& c, int64_t nc) {
+  const ModelSpec spec = model_spec(c, nc);
   Detector d{nullptr};
   try {
-    d = Detector(model_spec(c, nc));
+    d = Detector(spec);
   } catch (const InputError& e) {
-    throw InputError(std::string(e.what()) + " (model.file from " + c.where("model.file") + ")");
+    const bool carried = spec.file != c.model.file;  // the model a weights file carries
+    throw InputError(std::string(e.what()) + (carried ? " (the model of model.init_from from " + c.where("model.init_from")
+                                                       : " (model.file from " + c.where("model.file")) + ")");
   }
   d->set_recompute(recompute_mode_from(c.memory.activation_checkpointing));  // auto: the planner sets stages later
   d->set_channels_last(c.model.channels_last);
