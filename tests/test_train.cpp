@@ -5,6 +5,8 @@
 // input in the middle of a run.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <ATen/ATen.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -417,8 +419,49 @@ TEST(Train, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
   EXPECT_EQ(t.state().step, 3);
   EXPECT_NE(t.state().stop_reason.find("non-finite"), std::string::npos);
   EXPECT_EQ(t.counters().skipped_steps, 3);
+  EXPECT_NE(t.state().stop_reason.find("the window's first for a non-finite loss term 'nan'"), std::string::npos)
+      << t.state().stop_reason;
   const std::vector<at::Tensor> after = params_of(t.model());
   for (size_t i = 0; i < before.size(); ++i) ASSERT_TRUE(at::equal(before[i], after[i])) << "parameter " << i << " changed";
+}
+
+// Poisons one gradient of a parameter group after the backward of chosen steps.
+class PoisonGradient : public train::Hook {
+ public:
+  PoisonGradient(std::string group, std::set<int64_t> steps) : group_(std::move(group)), steps_(std::move(steps)) {}
+  void after_phase(train::Trainer& t, train::StepPhase phase) override {
+    if (phase != train::StepPhase::backward || !steps_.count(t.state().step + 1)) return;
+    for (auto& g : t.optimizer().groups())
+      if (g.name == group_) g.params.front().mutable_grad().view(-1)[0].fill_(INFINITY);
+  }
+
+ private:
+  std::string group_;
+  std::set<int64_t> steps_;
+};
+
+// A skipped step says why, once per read of the counters: with the real loss finite and one
+// BatchNorm gradient infinite, the cause is that parameter group; the next window is clean.
+TEST(Train, ASkippedStepNamesItsCause) {
+  const Config c = load_config("", tiny_run({"train.steps=6", "train.batch=8", "train.log_every=3", "train.val_every=0"}));
+  train::Trainer t(parts_for(c, test::temp_dir("cause")));
+  t.register_hook(std::make_unique<PoisonGradient>("norm", std::set<int64_t>{2, 3}));
+  std::vector<std::string> causes;
+  struct Reader : train::Hook {
+    std::vector<std::string>* out;
+    void after_step(train::Trainer& t) override {
+      if (t.counters().step == t.state().step) out->push_back(t.counters().skip_cause);
+    }
+  };
+  auto reader = std::make_unique<Reader>();
+  reader->out = &causes;
+  t.register_hook(std::move(reader));
+  t.train();
+  ASSERT_EQ(causes.size(), 3u);  // reads at steps 3, 4 (the epoch's end: 32 images) and 6
+  EXPECT_EQ(causes[0], "non-finite gradients in parameter group 'norm'");
+  EXPECT_EQ(causes[1], "");
+  EXPECT_EQ(causes[2], "");
+  EXPECT_EQ(t.counters().skipped_steps, 2);
 }
 
 // The counters are read once per window by the trainer; the guard sees the longest run of bad

@@ -71,12 +71,16 @@ class NonFiniteGuard : public Hook {
   void after_step(Trainer& t) override {
     if (!fresh_counters(t)) return;
     const StepCounters& c = t.counters();
+    if (!c.skip_cause.empty())  // once per read of the counters: a burst is one line, not one per step
+      spdlog::warn("step {}: {} of the last {} optimizer steps skipped (the first for {}); {} in the run", c.step,
+                   c.steps - c.finite_steps, c.steps, c.skip_cause, int64_t(c.skipped_steps));
     if (c.worst_bad_run < double(max_)) return;
     t.state().stop = true;
     t.state().exit_code = kExitFailure;
     t.state().stop_reason = std::to_string(int64_t(c.worst_bad_run)) + " optimizer steps in a row had a non-finite loss or gradients (" +
                             std::to_string(int64_t(c.skipped_steps)) + " skipped in all; train.max_bad_steps = " +
-                            std::to_string(max_) + "): the run diverged. Lower train.lr0, lengthen train.warmup_epochs, try "
+                            std::to_string(max_) + (c.skip_cause.empty() ? "" : "; the window's first for " + c.skip_cause) +
+                            "): the run diverged. Lower train.lr0, lengthen train.warmup_epochs, try "
                             "train.amp=bf16 or off, and check the labels (trainer data check).";
   }
 

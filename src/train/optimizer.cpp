@@ -1,7 +1,5 @@
 #include "headroom/train/optimizer.h"
 
-#include <functional>
-
 #include <ATen/ATen.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -86,33 +84,104 @@ void Optimizer::zero_grad() {
 void Optimizer::step(const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   if (!fused_ && found_inf.defined() && found_inf.item<float>() != 0) return;  // host check: no fused kernels
-  std::vector<std::function<void()>> commits;
+  std::vector<Active> active;
+  int64_t largest = 0;  // elements of the largest parameter with a gradient
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     State& s = state_[i];
     // Parameters without a gradient this step (unused heads) are left alone, as torch.optim does.
-    std::vector<at::Tensor> params, grads;
-    State active;
+    Active a{&g, {}, {}, {}, {}, s.step};
     for (size_t j = 0; j < g.params.size(); ++j) {
       if (!g.params[j].grad().defined()) continue;
-      params.push_back(g.params[j]);
-      grads.push_back(g.params[j].grad());
-      active.buf1.push_back(s.buf1[j]);
-      if (!s.buf2.empty()) active.buf2.push_back(s.buf2[j]);
+      a.params.push_back(g.params[j]);
+      a.grads.push_back(g.params[j].grad());
+      a.buf1.push_back(s.buf1[j]);
+      if (!s.buf2.empty()) a.buf2.push_back(s.buf2[j]);
+      largest = std::max<int64_t>(largest, g.params[j].numel());
     }
-    if (params.empty()) continue;
-    active.step = s.step;
-    if (fused_)
-      step_fused(g, active, params, grads, found_inf);  // in-place kernels: nothing to allocate
-    else
-      commits.push_back(stage_foreach(g, active, params, grads));
+    if (!a.params.empty()) active.push_back(std::move(a));
   }
-  // Every group's allocations are done: an out-of-memory error above left all groups untouched.
-  for (const auto& commit : commits) commit();
+  if (active.empty()) return;
+  if (fused_) {
+    for (auto& a : active) step_fused(*a.group, a, found_inf);  // in-place kernels: nothing to allocate
+    return;
+  }
+  step_in_place(active, largest);
 }
 
-void Optimizer::step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
-                           const at::Tensor& found_inf) {
+void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
+  // Atomic without a copy of the model: everything the update allocates — one workspace the size
+  // of the largest parameter and the 0-dim factors — is made before the first parameter changes;
+  // after that every op writes in place and allocates nothing (no plain-number operands, which
+  // LibTorch wraps in fresh tensors). An out-of-memory error leaves parameters and state untouched
+  // and the governor can re-run the step; the extra memory is bounded by that one workspace.
+  const bool adam = options_.kind() != OptimizerKind::sgd;
+  const at::Tensor& p0 = active.front().params.front();
+  const at::Tensor workspace = at::empty({largest}, p0.options());
+  struct Factors {
+    at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;
+  };
+  std::vector<Factors> factors;
+  std::vector<double> rate;  // Adam: the host-side step count of each group (this path syncs anyway)
+  const auto scalar = [&](double v) { return at::full({}, v, p0.options()); };
+  for (auto& a : active) {
+    const ParamGroup& g = *a.group;
+    Factors f;
+    f.one = at::ones({}, a.step.options());
+    f.momentum = scalar(g.momentum);
+    f.decay = scalar(1 - g.lr * g.weight_decay);
+    if (adam) {
+      const double t = a.step.item<double>() + 1;
+      f.beta2 = scalar(options_.beta2());
+      f.bc2_sqrt = scalar(std::sqrt(1 - std::pow(options_.beta2(), t)));
+      f.eps = scalar(options_.eps());
+      rate.push_back(-g.lr / (1 - std::pow(g.momentum, t)));
+    }
+    factors.push_back(std::move(f));
+  }
+  for (size_t i = 0; i < active.size(); ++i) {
+    Active& a = active[i];
+    const ParamGroup& g = *a.group;
+    const Factors& f = factors[i];
+    const double lr = g.lr, wd = g.weight_decay, m = g.momentum;
+    for (size_t j = 0; j < a.params.size(); ++j) {
+      at::Tensor& p = a.params[j];
+      const at::Tensor& grad = a.grads[j];
+      if (!adam) {
+        // buf = m buf + (g + wd p); p -= lr (g + wd p + m buf) [nesterov] or lr buf
+        at::Tensor& buf = a.buf1[j];
+        if (m != 0) {
+          buf.mul_(f.momentum).add_(grad);
+          if (wd != 0) buf.add_(p, wd);
+        }
+        const bool nesterov = m != 0 && options_.nesterov();
+        if (m != 0 && !nesterov) {
+          p.add_(buf, -lr);
+          continue;
+        }
+        if (wd != 0) p.mul_(f.decay);
+        p.add_(grad, -lr);
+        if (nesterov) p.add_(buf, -lr * m);
+        continue;
+      }
+      // d = g (+ wd p for Adam's L2 decay), in the workspace; then the moments, then
+      // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, reusing the workspace.
+      at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
+      const bool l2 = options_.kind() == OptimizerKind::adam && wd != 0;
+      const at::Tensor& d = l2 ? ws.copy_(grad).add_(p, wd) : grad;
+      a.buf1[j].mul_(f.momentum).add_(d, 1 - m);
+      a.buf2[j].mul_(f.beta2).addcmul_(d, d, 1 - options_.beta2());
+      at::sqrt_out(ws, a.buf2[j]).div_(f.bc2_sqrt).add_(f.eps);
+      if (options_.kind() == OptimizerKind::adamw && wd != 0) p.mul_(f.decay);
+      p.addcdiv_(a.buf1[j], ws, rate[i]);
+    }
+    a.step.add_(f.one);
+  }
+}
+
+void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf) {
+  std::vector<at::Tensor>& params = s.params;
+  std::vector<at::Tensor>& grads = s.grads;
 #if HEADROOM_HAS_FUSED_OPTIMIZERS
   const c10::optional<at::Tensor> inf = found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
   s.step.add_(1);
@@ -134,57 +203,9 @@ void Optimizer::step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& par
   }
   if (inf) s.step.sub_(*inf);  // a skipped step does not count
 #else
-  (void)g, (void)s, (void)params, (void)grads, (void)found_inf;
+  (void)g, (void)params, (void)grads, (void)found_inf;
   throw Error("fused optimizers need LibTorch 2.4 or newer");
 #endif
-}
-
-std::function<void()> Optimizer::stage_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params,
-                                               std::vector<at::Tensor>& grads) {
-  // Everything that allocates happens here; the returned commit only writes in place and
-  // allocates nothing, so an out-of-memory error leaves parameters and state untouched and the
-  // governor can re-run the step.
-  const double lr = g.lr, wd = g.weight_decay, m = g.momentum;
-  const at::Tensor step = s.step;
-  // In-place ops with a plain number wrap it in a fresh tensor (an allocation): the commit uses
-  // tensors made here instead.
-  const at::Tensor one = at::ones({}, s.step.options());
-  if (options_.kind() == OptimizerKind::sgd) {
-    std::vector<at::Tensor> d = wd != 0 ? at::_foreach_add(grads, params, wd) : grads;
-    std::vector<at::Tensor> buf;
-    if (m != 0) {
-      buf = at::_foreach_mul(s.buf1, m);
-      at::_foreach_add_(buf, d);
-      d = options_.nesterov() ? at::_foreach_add(d, buf, m) : buf;
-    }
-    return [params, d, buf, state = s.buf1, step, one, lr]() mutable {
-      for (size_t j = 0; j < buf.size(); ++j) state[j].copy_(buf[j]);
-      at::_foreach_add_(params, d, -lr);
-      step.add_(one);
-    };
-  }
-  const double t = s.step.item<double>() + 1;
-  const double beta2 = options_.beta2();
-  const bool decoupled = options_.kind() == OptimizerKind::adamw;
-  const std::vector<at::Tensor> d = (!decoupled && wd != 0) ? at::_foreach_add(grads, params, wd) : grads;
-  std::vector<at::Tensor> b1 = at::_foreach_mul(s.buf1, m);
-  at::_foreach_add_(b1, d, 1 - m);
-  std::vector<at::Tensor> b2 = at::_foreach_mul(s.buf2, beta2);
-  at::_foreach_addcmul_(b2, d, d, 1 - beta2);
-  const double bc1 = 1 - std::pow(m, t), bc2 = 1 - std::pow(beta2, t);
-  std::vector<at::Tensor> denom = at::_foreach_sqrt(b2);
-  at::_foreach_div_(denom, std::sqrt(bc2));
-  at::_foreach_add_(denom, options_.eps());
-  const bool decays = decoupled && wd != 0;
-  const at::Tensor decay = at::full({}, 1 - lr * wd, params.front().options());
-  const double rate = -lr / bc1;
-  return [params, b1, b2, denom, m1 = s.buf1, m2 = s.buf2, step, one, decays, decay, rate]() mutable {
-    for (size_t j = 0; j < b1.size(); ++j) m1[j].copy_(b1[j]), m2[j].copy_(b2[j]);
-    if (decays)
-      for (auto& p : params) p.mul_(decay);
-    at::_foreach_addcdiv_(params, b1, denom, rate);
-    step.add_(one);
-  };
 }
 
 void Optimizer::save(torch::serialize::OutputArchive& archive) const {

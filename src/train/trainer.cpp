@@ -150,7 +150,13 @@ Trainer::Trainer(TrainerParts parts)
   skipped_ = at::zeros({}, fopt);
   bad_run_ = at::zeros({}, fopt);
   worst_run_ = at::zeros({}, fopt);
-  readback_ = at::zeros({5 + int64_t(loss_names_.size())}, fopt);
+  window_cause_ = at::zeros({}, fopt);
+  // The skip causes in the order they are judged: loss terms first (a non-finite term makes every
+  // gradient non-finite), then the parameter groups; ranked K..1 so the max picks the first.
+  for (const auto& name : loss_names_) cause_names_.push_back("a non-finite loss term '" + name + "'");
+  for (const auto& g : optimizer_->groups()) cause_names_.push_back("non-finite gradients in parameter group '" + g.name + "'");
+  cause_rank_ = at::arange(int64_t(cause_names_.size()), 0, -1, fopt);
+  readback_ = at::zeros({6 + int64_t(loss_names_.size())}, fopt);
   model_->train();
   register_state();
 }
@@ -325,7 +331,15 @@ void Trainer::update() {
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   const std::vector<at::Tensor> grads = optimizer_->grads();
   at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);
-  const at::Tensor norm = grad_norm(grads);
+  std::vector<at::Tensor> group_norms;  // [G] double: which group went non-finite, when one did
+  for (const auto& g : optimizer_->groups()) {
+    std::vector<at::Tensor> gg;
+    for (const auto& p : g.params)
+      if (p.grad().defined()) gg.push_back(p.grad());
+    group_norms.push_back(gg.empty() ? at::zeros({}, fopt.dtype(at::kDouble)) : grad_norm(gg));
+  }
+  const at::Tensor norms = at::stack(group_norms);
+  const at::Tensor norm = norms.norm(2);
   found = at::maximum(found, at::logical_not(at::isfinite(norm)).to(at::kFloat));
   if (options_.clip_grad() > 0) clip_grads_(grads, norm, options_.clip_grad());
   // The step's counters are made before anything is committed: an out-of-memory error up to the
@@ -333,6 +347,9 @@ void Trainer::update() {
   at::Tensor terms = step_items_.defined() ? step_items_ : at::zeros({int64_t(loss_names_.size())}, fopt);
   if (step_deferred_.defined()) terms = terms / step_deferred_.clamp_min(1);
   const at::Tensor skipped = found > 0;
+  // The window's first skipped step keeps its cause (a rank, 0 = none): reported once per read.
+  const at::Tensor flags = at::cat({at::logical_not(at::isfinite(terms)), at::logical_not(at::isfinite(norms))}).to(at::kFloat);
+  const at::Tensor cause = at::where(at::logical_and(skipped, window_cause_ == 0), (flags * cause_rank_).max(), window_cause_);
   const at::Tensor loss_add = at::where(skipped, at::zeros({}, fopt), terms);  // a skipped step's losses are not counted
   const at::Tensor finite = 1 - found;
   const at::Tensor bad = (bad_run_ + found) * found;
@@ -345,7 +362,14 @@ void Trainer::update() {
   skipped_.add_(found);
   bad_run_.copy_(bad);
   worst_run_.copy_(worst);
+  window_cause_.copy_(cause);
   notify(StepPhase::update);
+}
+
+std::string Trainer::skip_cause(double rank) const {
+  const int64_t k = int64_t(cause_names_.size()), r = std::llround(rank);
+  if (r <= 0) return {};
+  return r <= k ? cause_names_[size_t(k - r)] : "an unknown cause";
 }
 
 void Trainer::discard_gradients() {
@@ -374,7 +398,8 @@ void Trainer::read_counters() {
   else
     readback_.narrow(0, 3, 1).zero_();
   readback_.narrow(0, 4, 1).copy_(window_finite_.reshape({1}));
-  readback_.narrow(0, 5, window_loss_.size(0)).copy_(window_loss_);
+  readback_.narrow(0, 5, 1).copy_(window_cause_.reshape({1}));
+  readback_.narrow(0, 6, window_loss_.size(0)).copy_(window_loss_);
   const at::Tensor host = readback_.cpu();  // the one host sync of the window
   const float* v = host.data_ptr<float>();
   StepCounters c;
@@ -385,10 +410,12 @@ void Trainer::read_counters() {
   c.worst_bad_run = v[2];
   c.loss_scale = v[3];
   c.finite_steps = std::llround(v[4]);
-  for (size_t i = 0; i < loss_names_.size(); ++i) c.loss_sums.emplace_back(loss_names_[i], double(v[5 + i]));
+  c.skip_cause = skip_cause(v[5]);
+  for (size_t i = 0; i < loss_names_.size(); ++i) c.loss_sums.emplace_back(loss_names_[i], double(v[6 + i]));
   counters_ = std::move(c);
   window_loss_.zero_();
   window_finite_.zero_();
+  window_cause_.zero_();
   worst_run_.copy_(bad_run_);  // a run of bad steps that goes on counts whole in the next window
   window_steps_ = 0;
 }
@@ -511,6 +538,7 @@ void Trainer::register_state() {
         a.write("skipped", skipped_, true);
         a.write("bad_run", bad_run_, true);
         a.write("worst_run", worst_run_, true);
+        a.write("window_cause", window_cause_, true);
         Json j = Json::object();
         j["window_steps"] = window_steps_;
         Json last = Json::object();  // the latest read: what hooks report until the next one
@@ -521,6 +549,7 @@ void Trainer::register_state() {
         last["bad_run"] = counters_.bad_run;
         last["worst_bad_run"] = counters_.worst_bad_run;
         last["loss_scale"] = counters_.loss_scale;
+        last["skip_cause"] = counters_.skip_cause;
         Json sums = Json::array();
         for (const auto& [name, v] : counters_.loss_sums) sums.push_back(v);
         last["loss_sums"] = std::move(sums);
@@ -538,6 +567,11 @@ void Trainer::register_state() {
           a.read(key, t, true);
           into->copy_(t);
         }
+        at::Tensor cause;
+        if (a.try_read("window_cause", cause, true))  // absent from checkpoints before skip causes were kept
+          window_cause_.copy_(cause);
+        else
+          window_cause_.zero_();
         const Json j = read_json(a, "checkpoint entry counters");
         window_steps_ = int64_t(j.find("window_steps")->as_number());
         const Json& last = *j.find("last_read");
@@ -549,6 +583,7 @@ void Trainer::register_state() {
         c.bad_run = last.find("bad_run")->as_number();
         c.worst_bad_run = last.find("worst_bad_run")->as_number();
         c.loss_scale = last.find("loss_scale")->as_number();
+        if (const Json* cause_text = last.find("skip_cause")) c.skip_cause = cause_text->as_string();
         const std::vector<Json>& sums = last.find("loss_sums")->items();
         for (size_t i = 0; i < sums.size() && i < loss_names_.size(); ++i) c.loss_sums.emplace_back(loss_names_[i], sums[i].as_number());
         counters_ = std::move(c);

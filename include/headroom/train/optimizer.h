@@ -1,7 +1,9 @@
-// Optimizers over parameter groups, updated with multi-tensor ops: the fused ATen kernels
-// (_fused_sgd_ / _fused_adam_ / _fused_adamw_, CPU and CUDA) where this LibTorch has them,
-// `_foreach_` ops otherwise. A step can be skipped by a device flag (found_inf) without a host
-// sync on the fused path, which is what the loss scaler and the non-finite guard rely on.
+// Optimizers over parameter groups: the fused ATen kernels (_fused_sgd_ / _fused_adam_ /
+// _fused_adamw_, CPU and CUDA) where this LibTorch has them, in-place per-tensor updates
+// otherwise. Both are atomic without staging a copy of the model: the fused kernels allocate
+// nothing, the in-place path allocates one workspace the size of the largest parameter before it
+// changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
+// fused path, which is what the loss scaler and the non-finite guard rely on.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -9,7 +11,6 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,10 +65,15 @@ class Optimizer {
     std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq
     at::Tensor step;                     // float [] on the device: optimizer steps taken
   };
-  void step_fused(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
-                  const at::Tensor& found_inf);
-  // Allocates the group's update and returns its in-place commit (multi-tensor path).
-  std::function<void()> stage_foreach(ParamGroup& g, State& s, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads);
+  // A group's parameters with a gradient this step, with their state.
+  struct Active {
+    ParamGroup* group;
+    std::vector<at::Tensor> params, grads, buf1, buf2;
+    at::Tensor step;
+  };
+  void step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf);
+  // Without fused kernels: one workspace of `largest` elements, then in-place updates.
+  void step_in_place(std::vector<Active>& active, int64_t largest);
 
   std::vector<ParamGroup> groups_;
   std::vector<State> state_;

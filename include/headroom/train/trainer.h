@@ -125,6 +125,9 @@ struct StepCounters {
   double bad_run = 0;           // non-finite steps in a row, ending at the read
   double worst_bad_run = 0;     // the longest such run within the window
   double loss_scale = 0;        // 0 without a scaler
+  // Why the window's first skipped step was skipped ("a non-finite loss term 'box'",
+  // "non-finite gradients in parameter group 'norm'"); empty when no step was skipped.
+  std::string skip_cause;
   // Each term's mean per finite step (NaN when none was finite).
   std::vector<std::pair<std::string, double>> losses() const;
 };
@@ -230,6 +233,7 @@ class Trainer {
   void end_epoch();
   bool counters_due() const;
   void read_counters();
+  std::string skip_cause(double rank) const;
   void notify(StepPhase phase);
   void register_state();
   void set_amp(AmpMode m);
@@ -265,7 +269,10 @@ class Trainer {
   at::Tensor step_items_, step_deferred_;  // [T] this step's terms so far; [] its deferred normaliser
   at::Tensor window_loss_, window_finite_; // [T] terms summed over the window's finite steps; [] their count
   at::Tensor skipped_, bad_run_, worst_run_;
-  at::Tensor readback_;                    // [5 + T] what read_counters copies to the host
+  at::Tensor window_cause_;                // [] the rank of the window's first skip cause (0 = none)
+  at::Tensor cause_rank_;                  // [T + G] K..1, made once
+  std::vector<std::string> cause_names_;   // [T + G] loss terms, then parameter groups
+  at::Tensor readback_;                    // [6 + T] what read_counters copies to the host
   int64_t window_steps_ = 0;
   std::vector<std::string> loss_names_;
   StepCounters counters_;
