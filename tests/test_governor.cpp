@@ -184,7 +184,7 @@ TEST(Governor, ACudnnErrorIsRetriedSmallerAndStopsTheRunNamedWhenItPersists) {
     FAIL();
   } catch (const Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("cuDNN error persists at micro-batch 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("cuDNN error persists at the smallest micro-batch"), std::string::npos) << what;
     EXPECT_NE(what.find("CUDNN_STATUS_INTERNAL_ERROR"), std::string::npos) << what;
     EXPECT_EQ(what.find("out of memory"), std::string::npos) << what;
   }
@@ -575,4 +575,68 @@ TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
   ASSERT_FALSE(g->decisions().empty());
   EXPECT_LT(g->micro_batch(t), 32);
   EXPECT_LE(monitor->sample().peak_reserved, budget + (int64_t(2) << 20));
+}
+
+namespace {
+// A one-stack hourglass whose bottom is 1x1 at 64 px (stem /4, four halvings): BatchNorm there
+// cannot train on one image, as Hourglass-104's at 128 px.
+std::vector<std::string> one_by_one_hourglass(std::vector<std::string> extra) {
+  const std::string path = temp_dir("hg-1x1") + "/hg_1x1.yaml";
+  write_bytes(path,
+              "nc: 80\nbackbone:\n  - [-1, 1, HourglassStem, [8, 16]]\n"
+              "  - [-1, 1, Hourglass, [1, [16, 16, 16, 16, 16], [1, 1, 1, 1, 1], 16]]\n"
+              "head:\n  - [-1, 1, CenterNetHead, [nc, 16]]\n");
+  std::vector<std::string> o = tiny_run(std::move(extra));
+  o.push_back("model.file=" + path);
+  o.erase(std::remove_if(o.begin(), o.end(), [](const std::string& s) { return s.rfind("model.scale=", 0) == 0; }), o.end());
+  o.push_back("augment.multi_scale=0");
+  return o;
+}
+}  // namespace
+
+TEST(Governor, SplitsALoaderBatchIntoBalancedPartsNoneBelowTheSmallest) {
+  using P = std::vector<int64_t>;
+  EXPECT_EQ(memory::Governor::split(8, 4, 1), (P{4, 4}));
+  EXPECT_EQ(memory::Governor::split(8, 3, 1), (P{3, 3, 2}));
+  EXPECT_EQ(memory::Governor::split(7, 2, 1), (P{2, 2, 2, 1}));
+  EXPECT_EQ(memory::Governor::split(7, 2, 2), (P{3, 2, 2}));  // never a part of 1 where 2 is the least
+  EXPECT_EQ(memory::Governor::split(32, 7, 2), (P{7, 7, 6, 6, 6}));
+  EXPECT_EQ(memory::Governor::split(3, 8, 2), (P{3}));
+  EXPECT_EQ(memory::Governor::split(1, 1, 1), (P{1}));
+}
+
+// The ladder never picks an impossible rung: with the smallest micro-batch 2 (a 1x1 BatchNorm
+// map), an OOM at every attempt halves 4 -> 2, then recomputes, then switches AMP, then stops
+// with the table — never with BatchNorm's "Expected more than 1 value per channel".
+TEST(Governor, TheLadderNeverGoesBelowTheSmallestMicroBatchTheModelTrainsAt) {
+  const Config c = load_config("", one_by_one_hourglass({"train.steps=2", "train.warmup_epochs=0"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-least")));
+  EXPECT_EQ(t.loader().options().min_batch(), 2);
+  memory::Governor* g = govern(t, memory::governor_options(c, 0));
+  inject_at(t, 0, 100, /*every=*/true);
+  try {
+    t.train();
+    FAIL() << "expected the governor to give up";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("nothing left to give up: micro-batch 2"), std::string::npos) << what;
+    EXPECT_EQ(what.find("value per channel"), std::string::npos) << what;
+  }
+  EXPECT_EQ(actions(*g), (std::vector<std::string>{"micro_batch 4 -> 2", "activation_checkpointing all", "amp bf16"}));
+  ASSERT_FALSE(g->decisions().empty());
+  EXPECT_NE(g->decisions()[1].reason.find("at micro-batch 2 (the smallest the model trains at)"), std::string::npos);
+}
+
+// Without an injected OOM the same model trains, and an epoch whose last batch would hold one
+// image leaves it out (33 images by 4: 8 batches, not 9).
+TEST(Governor, AModelThatNeedsTwoImagesTrainsAndLeavesOutALastBatchOfOne) {
+  const Config c = load_config("", one_by_one_hourglass({"train.steps=3", "train.batch=4", "train.nominal_batch=4"}));
+  train::Trainer t(parts_for(c, temp_dir("gov-least-train")));
+  memory::Governor* g = govern(t, memory::governor_options(c, 0));
+  g->set_micro_batch(1);  // asked for less than the model can do: the split keeps parts of 2
+  t.train();
+  EXPECT_EQ(t.state().step, 3);
+  EXPECT_EQ(data::Loader::batches_in(33, 4, false, 2), 8);
+  EXPECT_EQ(data::Loader::batches_in(34, 4, false, 2), 9);
+  EXPECT_EQ(data::Loader::batches_in(33, 4, false, 1), 9);
 }

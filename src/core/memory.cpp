@@ -16,4 +16,8 @@ MemoryFailure memory_failure(const c10::Error& e) {
   return MemoryFailure::none;
 }
 
+bool is_batch_too_small(const c10::Error& e) {
+  return std::string(e.what_without_backtrace()).find("Expected more than 1 value per channel when training") != std::string::npos;
+}
+
 }  // namespace headroom

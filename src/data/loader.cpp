@@ -62,12 +62,12 @@ Loader::Loader(std::shared_ptr<const Split> split, LoaderOptions options, std::s
 
 Loader::~Loader() { stop_workers(); }
 
-int64_t Loader::batches_in(int64_t images, int64_t batch, bool drop_last) {
-  return drop_last ? images / batch : (images + batch - 1) / batch;
+int64_t Loader::batches_in(int64_t images, int64_t batch, bool drop_last, int64_t min_batch) {
+  return drop_last || images % batch < min_batch ? images / batch : (images + batch - 1) / batch;
 }
 
 int64_t Loader::batches_per_epoch() const {
-  return batches_in(static_cast<int64_t>(split_->samples.size()), options_.batch(), options_.drop_last());
+  return batches_in(static_cast<int64_t>(split_->samples.size()), options_.batch(), options_.drop_last(), options_.min_batch());
 }
 
 int64_t Loader::batch_size(int64_t batch) const {
@@ -183,7 +183,7 @@ void Loader::worker_loop() {
   const int64_t B = options_.batch();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    const int64_t total = options_.drop_last() ? end_batch_ * B : static_cast<int64_t>(order_.size());
+    const int64_t total = std::min(end_batch_ * B, static_cast<int64_t>(order_.size()));
     work_cv_.wait(lock, [&] {
       return stop_ || !retry_.empty() || (next_task_ < total && next_task_ / B < cursor_ + options_.prefetch());
     });

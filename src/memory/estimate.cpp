@@ -78,6 +78,7 @@ class Prober {
     phases_ = probe.get();
     trainer_->register_hook(std::move(probe));
     stages_ = trainer_->model().stages();
+    min_batch_ = trainer_->loader().options().min_batch();
   }
 
   struct Result {
@@ -168,6 +169,7 @@ class Prober {
   int64_t min_size() const { return min_size_; }
   int64_t rows() const { return rows_; }
   int64_t densest() const { return densest_; }
+  int64_t min_batch() const { return min_batch_; }
   const std::vector<models::StageSpan>& stages() const { return stages_; }
 
  private:
@@ -193,7 +195,7 @@ class Prober {
   }
 
   MemoryMonitor& monitor_;
-  int64_t nc_, base_ = 0, size_ = 0, min_size_ = 0, rows_ = 0, densest_ = 0;
+  int64_t nc_, base_ = 0, size_ = 0, min_size_ = 0, rows_ = 0, densest_ = 0, min_batch_ = 1;
   std::unique_ptr<train::Trainer> trainer_;
   PhaseProbe* phases_ = nullptr;  // owned by trainer_
   std::vector<models::StageSpan> stages_;
@@ -224,8 +226,10 @@ std::string mode_name(train::AmpMode amp, models::RecomputeMode r) {
   return s;
 }
 
-// Probes a mode at the two batch sizes and fits the line.
-ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck, const std::vector<int64_t>& batches) {
+// Probes a mode at the two batch sizes (raised to the smallest the model trains at) and fits the line.
+ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck, std::vector<int64_t> batches) {
+  const int64_t least = p.min_batch();
+  if (batches.front() < least) batches = {least, std::max(batches.back(), least + 1)};
   ModeEstimate m;
   p.trainer().model().set_recompute(ck);
   if (amp != train::AmpMode::off) p.trainer().enable_amp();
@@ -234,15 +238,15 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
   m.name = mode_name(m.amp, ck);
   std::vector<int64_t> sizes = batches;
   std::vector<Prober::Result> rs;
-  p.step(1);  // warm-up: lazily created state, first-use caches
+  p.step(least);  // warm-up: lazily created state, first-use caches
   for (;;) {  // the two sizes, halved while the larger does not fit
     rs.clear();
     for (int64_t b : sizes) {
       rs.push_back(p.step(b));
       m.probes.emplace_back(b, rs.back().fits ? rs.back().peak : -1);
     }
-    if (rs.back().fits || sizes.back() <= 2) break;
-    sizes = {std::max<int64_t>(1, sizes.back() / 4), std::max<int64_t>(2, sizes.back() / 2)};
+    if (rs.back().fits || sizes.back() <= least + 1) break;
+    sizes = {std::max<int64_t>(least, sizes.back() / 4), std::max<int64_t>(least + 1, sizes.back() / 2)};
   }
   const int64_t b1 = sizes.front(), b2 = sizes.back();
   const Prober::Result &r1 = rs.front(), &r2 = rs.back();
@@ -317,7 +321,7 @@ int64_t MemoryEstimate::largest_batch(const ModeEstimate& m) const {
   if (m.fixed < 0) return 0;
   int64_t b = 0;
   while (b < 65536 && predicted_peak(m, b + 1) <= usable) ++b;
-  return b;
+  return b >= min_batch ? b : 0;
 }
 
 namespace {
@@ -330,6 +334,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.min_imgsz = p.min_size();
   e.canvas = c.data.imgsz;
   e.max_boxes = p.rows();
+  e.min_batch = p.min_batch();
   e.batch = c.train.batch;
   e.fixed = static_memory(p.trainer());
   e.stages = p.stages().size();
@@ -374,6 +379,9 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
   std::string s = fmt::format("Memory estimate on {} at {} px (largest training size), {} label rows per image (densest image{}), "
                               "batch {}\n",
                               e.device, e.imgsz, e.max_boxes, "", e.batch);
+  if (e.min_batch > 1)
+    s += fmt::format("  smallest micro-batch the model trains at: {} (BatchNorm needs 2 values per channel; at {} px a map is 1x1)\n",
+                     e.min_batch, e.min_imgsz);
   s += fmt::format("  {:<40}{:>12}\n", "parameters", b(double(e.fixed.parameters)));
   s += fmt::format("  {:<40}{:>12}\n", "gradients", b(double(e.fixed.gradients)));
   s += fmt::format("  {:<40}{:>12}\n", "optimizer state", b(double(e.fixed.optimizer)));
@@ -419,6 +427,7 @@ Json memory_estimate_json(const MemoryEstimate& e) {
   j["usable"] = e.usable;
   j["imgsz"] = e.imgsz;
   j["max_boxes"] = e.max_boxes;
+  j["min_batch"] = e.min_batch;
   j["batch"] = e.batch;
   j["parameters"] = e.fixed.parameters;
   j["gradients"] = e.fixed.gradients;
@@ -469,14 +478,14 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   {
     const train::AmpMode amp = train::resolve_amp(c, monitor.device());
     Prober p = make_prober(c, train, monitor, amp, budget);
-    const std::vector<int64_t> probes{1, 2};
-    ModeEstimate m = probe_mode(p, train::AmpMode::off, models::recompute_mode_from(c.memory.activation_checkpointing), probes);
+    const int64_t least = p.min_batch();
+    ModeEstimate m = probe_mode(p, train::AmpMode::off, models::recompute_mode_from(c.memory.activation_checkpointing), {least, least + 1});
     m.configured = true;
     a.estimate = estimate_header(c, p, monitor, budget);
     a.estimate.modes.push_back(m);
     const auto input_bytes = [&](int64_t b) { return a.estimate.input_buffers(b); };
     const int64_t usable = a.estimate.usable;
-    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
+    const int64_t cap = std::max<int64_t>(least, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
     const auto fits = [&](int64_t b) {
       for (const auto& [tb, peak] : a.tried)
         if (tb == b) return peak >= 0 && peak <= usable;
@@ -487,16 +496,17 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
       a.tried.emplace_back(b, total);
       return r.fits && total <= usable;
     };
-    if (m.fixed < 0 || !fits(1))
-      throw InputError("train.batch=auto: one image does not fit memory.budget " + format_bytes(double(budget)) + " minus " +
+    if (m.fixed < 0 || !fits(least))
+      throw InputError("train.batch=auto: " + (least == 1 ? std::string("one image does") : std::to_string(least) + " images (the "
+                       "smallest micro-batch the model trains at) do") + " not fit memory.budget " + format_bytes(double(budget)) + " minus " +
                        std::to_string(int(100 * c.memory.headroom)) + "% headroom on " + monitor.device().str() + ".\n" +
                        format_memory_estimate(a.estimate) +
                        "Lower data.imgsz, use a lighter model, train.amp, memory.activation_checkpointing=all, or a larger budget.");
     // The fit's guess, then bisection between a size that fits and one that does not.
-    int64_t guess = 1;
-    for (int64_t b = 1; b <= cap; ++b)
+    int64_t guess = least;
+    for (int64_t b = least; b <= cap; ++b)
       if (a.estimate.predicted_peak(m, b) <= usable) guess = b;
-    int64_t lo = 1, hi = cap + 1;  // lo fits; hi does not (or is past the cap)
+    int64_t lo = least, hi = cap + 1;  // lo fits; hi does not (or is past the cap)
     const auto probe = [&](int64_t b) {
       if (b <= lo || b >= hi) return;
       (fits(b) ? lo : hi) = b;

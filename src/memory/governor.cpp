@@ -67,6 +67,8 @@ MemoryMonitor& Governor::monitor(train::Trainer& t) const {
   return *t.monitor();
 }
 
+int64_t Governor::least(const train::Trainer& t) { return std::max<int64_t>(1, t.loader().options().min_batch()); }
+
 int64_t Governor::micro_batch(const train::Trainer& t) const {
   const int64_t b = t.options().batch();
   return micro_ > 0 ? std::min(micro_, b) : b;
@@ -85,9 +87,13 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       const train::StepInput in = t.prepare_step(batches);
       const int64_t micro = micro_batch(t);
       for (size_t b = 0; b < in.batches.size(); ++b) {
-        const int64_t n = in.batches[b].images.size(0), m = std::min(micro, n);
-        apply_plan(t, in.batches[b].images.size(2), m);
-        for (int64_t start = 0; start < n; start += m) t.forward_backward(in, b, start, std::min(m, n - start));
+        const std::vector<int64_t> parts = split(in.batches[b].images.size(0), micro, least(t));
+        apply_plan(t, in.batches[b].images.size(2), parts.front());
+        int64_t start = 0;
+        for (int64_t m : parts) {
+          t.forward_backward(in, b, start, m);
+          start += m;
+        }
       }
       t.update();
       return;
@@ -106,6 +112,14 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       monitor(t).reset_peak();  // the step's memory is that of the attempt that succeeds
     }
   }
+}
+
+std::vector<int64_t> Governor::split(int64_t n, int64_t micro, int64_t smallest) {
+  int64_t parts = (n + micro - 1) / std::max<int64_t>(micro, 1);
+  parts = std::max<int64_t>(1, std::min(parts, n / std::max<int64_t>(smallest, 1)));
+  std::vector<int64_t> out(size_t(parts), n / parts);
+  for (int64_t i = 0; i < n % parts; ++i) ++out[size_t(i)];  // the larger parts first: the plan is made for them
+  return out;
 }
 
 void Governor::apply_plan(train::Trainer& t, int64_t size, int64_t micro) {
@@ -143,8 +157,8 @@ void Governor::before_train(train::Trainer& t) {
 
 void Governor::shrink(train::Trainer& t, const std::string& reason) {
   const int64_t m = micro_batch(t);
-  if (m > 1) {
-    const int64_t next = std::max<int64_t>(1, m / 2);
+  if (m > least(t)) {
+    const int64_t next = std::max<int64_t>(least(t), m / 2);
     micro_ = next;
     record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason);
   }
@@ -164,10 +178,10 @@ void Governor::after_step(train::Trainer& t) {
   retry_run_ = new_retries ? retry_run_ + 1 : 0;
   last_retries_ = s.alloc_retries;
   if (!o_.recover()) return;
-  const int64_t m = micro_batch(t);
-  if (o_.budget() > 0 && s.peak_allocated > usable && m > 1) {
+  const int64_t m = micro_batch(t), floor = least(t);
+  if (o_.budget() > 0 && s.peak_allocated > usable && m > floor) {
     shrink(t, "step peak " + format_bytes(double(s.peak_allocated)) + " crossed budget - headroom " + format_bytes(double(usable)));
-  } else if (retry_run_ >= o_.retry_steps() && m > 1) {
+  } else if (retry_run_ >= o_.retry_steps() && m > floor) {
     shrink(t, "the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
   } else if (o_.grow_after() > 0 && m < t.options().batch() && ++calm_steps_ >= o_.grow_after() && s.peak_allocated * 2 < usable) {
@@ -208,34 +222,36 @@ void Governor::climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind)
   const std::string what = first_line(e.what_without_backtrace());
   const int64_t m = micro_batch(t);
   if (kind == MemoryFailure::library) {
-    // Often an allocation failure in disguise: one smaller try each time; at micro-batch 1 it is
-    // not memory, and the run stops naming it.
-    if (o_.recover() && m > 1) {
+    // Often an allocation failure in disguise: one smaller try each time; at the smallest
+    // micro-batch it is not memory, and the run stops naming it.
+    if (o_.recover() && m > least(t)) {
       shrink(t, "cuDNN failure, treated as out of memory: " + what);
       return;
     }
-    throw Error(std::string("a cuDNN error ") + (o_.recover() ? "persists at micro-batch 1 after shrinking" : "stopped the step "
+    throw Error(std::string("a cuDNN error ") + (o_.recover() ? "persists at the smallest micro-batch after shrinking" : "stopped the step "
                 "(memory.governor is off)") + ": " + what + ". It is not an out-of-memory error the governor can work around: "
                 "check the CUDA / cuDNN installation, or set train.amp=off. The last checkpoint is intact.");
   }
   if (!o_.recover()) give_up(t, e, "memory.governor is off");
   const std::string cause = "out of memory: " + what;
-  if (m > 1) {
+  if (m > least(t)) {
     shrink(t, cause);
     return;
   }
+  const std::string floor = "at micro-batch " + std::to_string(m) + (m > 1 ? " (the smallest the model trains at)" : "");
   if (!recompute_all_ && t.model().recompute_mode() != models::RecomputeMode::all) {
     recompute_all_ = true;
     plan_.clear();
     t.model().set_recompute(models::RecomputeMode::all);
-    record(t, "activation_checkpointing all", cause + " at micro-batch 1");
+    record(t, "activation_checkpointing all", cause + " " + floor);
     return;
   }
   if (o_.allow_amp() && t.enable_amp()) {
-    record(t, std::string("amp ") + to_string(t.amp()), cause + " at micro-batch 1 with every stage recomputed");
+    record(t, std::string("amp ") + to_string(t.amp()), cause + " " + floor + " with every stage recomputed");
     return;
   }
-  give_up(t, e, "nothing left to give up: micro-batch 1, every stage recomputed, amp " + std::string(to_string(t.amp())));
+  give_up(t, e, "nothing left to give up: micro-batch " + std::to_string(m) + ", every stage recomputed, amp " +
+                    std::string(to_string(t.amp())));
 }
 
 void Governor::give_up(train::Trainer& t, const c10::Error& e, const std::string& why) {

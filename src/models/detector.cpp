@@ -12,6 +12,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/memory.h"
 #include "headroom/core/text.h"
 #include "headroom/core/yaml_file.h"
 #include "headroom/models/weights_import.h"
@@ -507,6 +508,33 @@ Json model_summary_json(DetectorImpl& d, int64_t imgsz) {
   }
   j["layers"] = layers;
   return j;
+}
+
+int64_t smallest_trainable_batch(models::DetectorImpl& model, int64_t size) {
+  at::NoGradGuard no_grad;
+  const at::Tensor p0 = model.parameters().front();
+  std::vector<at::Tensor> saved;  // the forwards below move the BatchNorm statistics: put back after
+  for (const auto& b : model.buffers()) saved.push_back(b.clone());
+  const bool was_training = model.is_training();
+  model.train();
+  int64_t least = 0;
+  std::string refusal;
+  for (int64_t b = 1; b <= 8 && least == 0; ++b) {
+    try {
+      model.forward(at::zeros({b, 3, size, size}, p0.options()));
+      least = b;
+    } catch (const c10::Error& e) {
+      if (!is_batch_too_small(e)) throw;
+      refusal = e.what_without_backtrace();
+    }
+  }
+  const std::vector<at::Tensor> live = model.buffers();
+  for (size_t i = 0; i < saved.size(); ++i) live[i].copy_(saved[i]);
+  model.train(was_training);
+  if (least == 0)
+    throw InputError("the model cannot train at " + std::to_string(size) + " px with up to 8 images per micro-batch: " +
+                     refusal.substr(0, refusal.find('\n')) + ". Raise data.imgsz (and augment.multi_scale's smallest size)");
+  return least;
 }
 
 }  // namespace headroom::models

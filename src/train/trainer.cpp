@@ -105,6 +105,19 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
     for (const auto& s : skipped) spdlog::info("  {}", s);
   }
   p.model->to(device);
+  {
+    // The loader leaves out a last batch the model cannot train on, and the governor never
+    // shrinks below it: probed at the smallest size the run trains at.
+    const int64_t multiple = p.model->info().input_multiple;
+    const int64_t least_size =
+        augment::enabled(c.augment) ? augment::Augmenter(augment::augmenter_options(c, multiple, 1)).min_output_size(c.data.imgsz)
+                                    : c.data.imgsz;
+    p.loader.min_batch(models::smallest_trainable_batch(*p.model, least_size));
+    if (p.loader.min_batch() > 1)
+      spdlog::info("the model trains on at least {} images per micro-batch at {} px (BatchNorm needs 2 values per channel over "
+                   "its 1x1 maps); an epoch's last batch below that is left out",
+                   p.loader.min_batch(), least_size);
+  }
   if (c.train.ema) {
     p.ema_copy = models::build_detector(c, nc);
     p.ema_copy->to(device);
@@ -112,7 +125,8 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
   if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
   p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
   if (augment::enabled(c.augment)) {
-    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch(), p.loader.drop_last());
+    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch(), p.loader.drop_last(),
+                                                     p.loader.min_batch());
     p.augmenter = std::make_unique<augment::Augmenter>(
         augment::augmenter_options(c, p.model->info().input_multiple, run_length(p.options, batches).epochs));
   }

@@ -52,5 +52,8 @@ class MemoryMonitor {
 enum class MemoryFailure { none, out_of_memory, library };
 MemoryFailure memory_failure(const c10::Error& e);
 inline bool is_out_of_memory(const c10::Error& e) { return memory_failure(e) != MemoryFailure::none; }
+// BatchNorm in training refused a batch with one value per channel (a micro-batch of 1 over a
+// 1x1 map, as Hourglass-104's bottom at 128 px): not memory, a batch too small for the model.
+bool is_batch_too_small(const c10::Error& e);
 
 }  // namespace headroom

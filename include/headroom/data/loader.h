@@ -30,6 +30,9 @@ struct LoaderOptions {
   TORCH_ARG(int, prefetch) = 4;        // batches decoded ahead
   TORCH_ARG(bool, shuffle) = true;
   TORCH_ARG(bool, drop_last) = false;
+  // A last batch with fewer images is left out of the epoch, as drop_last does: the model cannot
+  // train on it (BatchNorm over a 1x1 map needs 2 images; smallest_trainable_batch).
+  TORCH_ARG(int64_t, min_batch) = 1;
   TORCH_ARG(int64_t, seed) = 0;
   TORCH_ARG(bool, pin_memory) = false; // page-locked batches for async host-to-device copies
   TORCH_ARG(int64_t, max_pixels) = 89478485;
@@ -68,7 +71,7 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t batches_per_epoch() const;
-  static int64_t batches_in(int64_t images, int64_t batch, bool drop_last);
+  static int64_t batches_in(int64_t images, int64_t batch, bool drop_last, int64_t min_batch = 1);
   // Positions the loader at batch `batch` of `epoch` and starts decoding from there.
   void start(int64_t epoch, int64_t batch = 0);
   // The next batch of the current epoch, or nullopt at its end.

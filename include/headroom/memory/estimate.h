@@ -50,6 +50,7 @@ struct MemoryEstimate {
   int64_t imgsz = 0;          // the largest input side the run uses (multi-scale): the probes' size
   int64_t min_imgsz = 0, canvas = 0;  // the smallest (multi-scale) and the loader's canvas
   int64_t max_boxes = 0;      // label rows per image in the probe (densest image, x4 mosaic, x2 mixup)
+  int64_t min_batch = 1;      // the smallest micro-batch the model trains at (models::smallest_trainable_batch)
   int64_t batch = 0;          // the configured batch
   StaticMemory fixed;
   size_t stages = 0;         // the model's stages (DetectorImpl::stages())

@@ -4,8 +4,9 @@
 //    recompute plan for their input size (memory.activation_checkpointing: auto), and owns the
 //    recovery: an out-of-memory error anywhere in the step (forward, loss, backward, update) is
 //    undone — gradients dropped, BatchNorm statistics restored from a snapshot taken when the
-//    step began — then the ladder is climbed (halve the micro-batch; at micro-batch 1 recompute
-//    every stage; then AMP when memory.allow_amp) and the same batches run again; with nothing
+//    step began — then the ladder is climbed (halve the micro-batch, never below the smallest the
+//    model trains at; there recompute every stage; then AMP when memory.allow_amp) and the same
+//    batches run again; with nothing
 //    left to give up, or with memory.governor off, the run stops with the memory table and what
 //    to change;
 //  - before training it enforces the budget and checks that the model, EMA and optimizer state
@@ -68,6 +69,11 @@ class Governor final : public train::Hook, public train::StepExecutor {
 
   // Images per forward and backward: at most the loader batch.
   int64_t micro_batch(const train::Trainer& t) const;
+  // The smallest micro-batch the model trains at (the loader's min_batch).
+  static int64_t least(const train::Trainer& t);
+  // A loader batch of n images in parts of at most `micro` images, balanced so that none is
+  // below `smallest` where n allows it (7 by 2 with least 2: 3, 2, 2 — not 2, 2, 2, 1).
+  static std::vector<int64_t> split(int64_t n, int64_t micro, int64_t smallest);
   void set_micro_batch(int64_t images) { micro_ = images; }
   const std::vector<MemoryDecision>& decisions() const { return decisions_; }
 

@@ -169,6 +169,12 @@ ModelSpec model_spec(const Config& c, int64_t nc);
 // Builds the model with the config's options applied (activation checkpointing, channels_last).
 Detector build_detector(const Config& c, int64_t nc);
 
+// The smallest batch `model` can run a training forward at, at `size` px (the smallest the run
+// uses): BatchNorm needs more than one value per channel, so a 1x1 map needs 2 images. Probed
+// with forwards in training mode without gradients; the BatchNorm statistics are restored.
+// InputError when not even 8 images do.
+int64_t smallest_trainable_batch(models::DetectorImpl& model, int64_t size);
+
 // The layer table, parameter counts, strides and GFLOPs (trainer model).
 std::string format_model_summary(DetectorImpl& d, int64_t imgsz);
 Json model_summary_json(DetectorImpl& d, int64_t imgsz);

@@ -207,6 +207,7 @@ class Trainer {
   Optimizer& optimizer() { return *optimizer_; }
   const Schedule& schedule() const { return *schedule_; }
   data::Loader& loader() { return *loader_; }
+  const data::Loader& loader() const { return *loader_; }
   const data::Split& train_split() const { return *train_split_; }
   const data::Split* val_split() const { return val_split_.get(); }
   AmpMode amp() const { return amp_; }
