@@ -132,7 +132,8 @@ TEST(Cli, MemoryPrintsTheEstimateTable) {
   test::RunResult r = test::run_trainer("memory --config " + cfg + " --budget 1GiB" + tiny_model_args());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"parameters", "optimizer state", "EMA", "fp32  (this config)", "amp bf16 + recompute all",
-                           "largest batch under 922 MiB", "loss and assigner workspace"})
+                           "largest batch under 922 MiB", "loss and assigner workspace", "Host resident memory (RSS)",
+                           "+ update workspace"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   r = test::run_trainer("memory --config " + cfg + " --budget 0.5 --json" + tiny_model_args());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -153,7 +154,9 @@ TEST(Cli, TrainWithAutoBatchRecordsTheBatchItChose) {
   const test::RunResult r = test::run_trainer("train --config " + cfg + " train.batch=auto memory.budget=256MiB train.steps=2 "
                                               "train.val_every=0 project=" + dir + "/runs name=a" + tiny_model_args());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("train.batch auto: 8 (the largest step under"), std::string::npos) << r.output;  // capped at nominal_batch
+  EXPECT_NE(r.output.find("train.batch auto: micro-batch 8 under"), std::string::npos) << r.output;  // capped at nominal_batch
+  EXPECT_NE(r.output.find("loader batches of 8 images, each one optimizer step of exactly train.nominal_batch 8"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("memory: budget 256 MiB on cpu"), std::string::npos) << r.output;
   const std::string saved = test::read_bytes(dir + "/runs/a/config.yaml");
   EXPECT_NE(saved.find("batch: 8\n"), std::string::npos) << saved;

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
@@ -12,6 +14,7 @@
 #include "headroom/memory/estimate.h"
 #include "headroom/memory/governor.h"
 #include "headroom/memory/starvation.h"
+#include "headroom/train/hooks.h"
 #include "train_util.h"
 
 using namespace headroom;
@@ -365,6 +368,71 @@ TEST(AutoBatch, TheChosenBatchFitsAndOneMoreDoesNot) {
   EXPECT_EQ(monitor->sample().limit, 0);  // the probes' limit is lifted again
 }
 
+// train.batch=auto loads whole steps of nominal_batch images and the governor cuts them into
+// balanced micro-batches: every optimizer step sums exactly nominal_batch images (not
+// round(12 / 5) * 5 = 10).
+TEST(AutoBatch, EveryStepSumsExactlyNominalBatchImages) {
+  auto monitor = cpu_monitor();
+  const Config base = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=12", "train.steps=2", "train.val_every=0"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(base, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(base, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(5)) / 0.9) + monitor->sample().allocated;
+  const memory::AutoBatch a = memory::choose_batch(base, split, *monitor, budget);
+  EXPECT_EQ(a.step_batch, 12);
+  EXPECT_GE(a.batch, 2);
+  EXPECT_LT(a.batch, 12);
+  ASSERT_FALSE(a.options.empty());
+  EXPECT_EQ(a.options.front().batch, a.batch);
+  Config c = base;  // as `trainer train` applies the choice
+  c.train.batch = int(a.step_batch);
+  c.train.batch_auto = false;
+  train::Trainer t(parts_for(c, temp_dir("auto-exact")));
+  memory::Governor* g = govern(t);
+  g->set_micro_batch(a.batch);
+  t.train();
+  EXPECT_EQ(t.accumulate(), 1);
+  EXPECT_EQ(t.state().step, 2);
+  EXPECT_EQ(t.state().images, 24);
+}
+
+// With activation checkpointing auto, the micro-batch and the recompute plan are chosen together:
+// memory.prefer: batch takes the largest micro-batch any plan fits (more than fit without
+// recompute), throughput the highest predicted images per second; both verified by a real step.
+TEST(AutoBatch, WithRecomputeAutoTheMicroBatchAndThePlanAreChosenTogether) {
+  auto monitor = cpu_monitor();
+  const Config plain = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=32"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(plain, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(plain, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(4)) / 0.9) + monitor->sample().allocated;
+  const int64_t without = memory::choose_batch(plain, split, *monitor, budget).batch;
+  std::map<std::string, memory::AutoBatch> chosen;
+  for (const std::string prefer : {"throughput", "batch"}) {
+    const Config c = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=32", "memory.activation_checkpointing=auto",
+                                               "memory.prefer=" + prefer}));
+    const memory::AutoBatch a = memory::choose_batch(c, split, *monitor, budget);
+    ASSERT_TRUE(a.planner) << prefer;
+    ASSERT_FALSE(a.options.empty()) << prefer;
+    EXPECT_EQ(a.options.front().batch, a.batch) << prefer;
+    for (const auto& o : a.options) EXPECT_LE(o.predicted_peak, a.estimate.usable) << prefer << " " << o.batch;
+    bool verified = false;
+    for (const auto& [b, peak] : a.tried)
+      if (b == a.batch) verified = peak >= 0 && peak <= a.estimate.usable;
+    EXPECT_TRUE(verified) << prefer << ": the choice is confirmed by a real step";
+    EXPECT_NE(memory::format_batch_options(a).find("(chosen)"), std::string::npos);
+    chosen[prefer] = a;
+  }
+  const memory::AutoBatch& by_batch = chosen["batch"];
+  EXPECT_GT(by_batch.batch, without) << "recompute lets a larger micro-batch fit" << memory::format_batch_options(by_batch);
+  EXPECT_NE(by_batch.options.front().plan, "no stage");
+  const memory::AutoBatch& by_speed = chosen["throughput"];
+  for (const auto& o : by_speed.options)  // the best predicted, unless a real step refused it
+    if (o.images_per_second > by_speed.options.front().images_per_second) {
+      bool refused = false;
+      for (const auto& [b, peak] : by_speed.tried) refused = refused || (b == o.batch && (peak < 0 || peak > by_speed.estimate.usable));
+      EXPECT_TRUE(refused) << o.batch << memory::format_batch_options(by_speed);
+    }
+}
+
 TEST(AutoBatch, OneImageThatDoesNotFitIsAClearError) {
   auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.batch=auto"}));
@@ -639,4 +707,41 @@ TEST(Governor, AModelThatNeedsTwoImagesTrainsAndLeavesOutALastBatchOfOne) {
   EXPECT_EQ(data::Loader::batches_in(33, 4, false, 2), 8);
   EXPECT_EQ(data::Loader::batches_in(34, 4, false, 2), 9);
   EXPECT_EQ(data::Loader::batches_in(33, 4, false, 1), 9);
+}
+
+// Host memory is memory. A whole CPU run — steps, validation every epoch, checkpoints — keeps its
+// resident memory flat from epoch to epoch; and what the process holds beyond its tensors, when
+// it grows (here 48 MiB of plain host memory taken mid-run), comes off the tensors' limit, so the
+// budget bounds the process.
+TEST(Governor, HostMemoryStaysFlatAcrossEpochsAndItsGrowthIsCounted) {
+  const Config c = load_config("", tiny_run({"train.epochs=5", "train.batch=8", "train.nominal_batch=8"}));
+  const std::string dir = temp_dir("gov-rss");
+  train::Trainer t(parts_for(c, dir));
+  auto monitor_now = [&] { return t.monitor()->sample(); };
+  const int64_t budget = monitor_now().allocated + (int64_t(256) << 20);
+  govern(t, memory::GovernorOptions().budget(budget));
+  train::register_default_hooks(t, c);
+  struct Recorder : train::Hook {
+    std::vector<int64_t> rss;
+    std::vector<int64_t> limits;
+    std::vector<char> held;
+    void after_step(train::Trainer& tr) override {
+      if (tr.state().epoch == 3 && held.empty()) held.assign(size_t(48) << 20, 1);  // touched: resident
+    }
+    void after_epoch(train::Trainer& tr) override {
+      rss.push_back(process_memory().rss);
+      limits.push_back(tr.monitor()->sample().limit);
+    }
+  };
+  auto recorder = std::make_unique<Recorder>();
+  Recorder* r = recorder.get();
+  t.register_hook(std::move(recorder));
+  t.train();
+  ASSERT_EQ(r->rss.size(), 5u);
+  // epochs 2 and 3: the first epoch builds the validation cache and warms the libraries
+  EXPECT_LE(std::abs(r->rss[2] - r->rss[1]), int64_t(8) << 20) << r->rss[1] << " -> " << r->rss[2];
+  EXPECT_GE(r->rss[3] - r->rss[2], int64_t(40) << 20);  // the 48 MiB taken in epoch 4
+  EXPECT_LE(r->limits[3], budget - (int64_t(40) << 20)) << "the growth comes off the tensors' limit";
+  EXPECT_LE(r->limits[2], budget);
+  t.monitor()->set_limit(0);
 }

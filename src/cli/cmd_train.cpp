@@ -112,27 +112,46 @@ void add_train_command(CLI::App& app, int& exit_code) {
     std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
     const int64_t budget = memory::resolve_budget(c.memory.budget, *monitor);
     auto train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    std::shared_ptr<memory::RecomputePlanner> planner;
+    int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
     if (c.train.batch_auto) {
       const memory::AutoBatch a = memory::choose_batch(c, train_split, *monitor, budget);
       std::string tried;
       for (const auto& [b, peak] : a.tried)
         tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
-      spdlog::info("train.batch auto: {} (the largest step under {} of the {} budget; steps tried: {}); accumulation {} keeps "
-                   "train.nominal_batch {}",
-                   a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)), tried,
-                   train::accumulation_steps(c.train.nominal_batch, a.batch), c.train.nominal_batch);
-      c.train.batch = int(a.batch);
+      spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images, "
+                   "each one optimizer step{}. The choices weighed:{}",
+                   a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
+                   a.planner ? "memory.prefer " + c.memory.prefer : std::string("the largest that fits"), tried, a.step_batch,
+                   a.step_batch == c.train.nominal_batch
+                       ? fmt::format(" of exactly train.nominal_batch {}", c.train.nominal_batch)
+                       : fmt::format(" (train.nominal_batch {} is more than the {} training images)", c.train.nominal_batch,
+                                     train_split->samples.size()),
+                   memory::format_batch_options(a));
+      c.train.batch = int(a.step_batch);
       c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
+      micro = a.batch;
+      planner = a.planner;
     }
-    std::shared_ptr<memory::RecomputePlanner> planner;
-    if (c.memory.activation_checkpointing == "auto") planner = memory::make_recompute_planner(c, train_split, *monitor, budget);
+    if (c.memory.activation_checkpointing == "auto" && !planner)
+      planner = memory::make_recompute_planner(c, train_split, *monitor, budget);
     if (run_dir.empty()) run_dir = open_run_dir(c);
     train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c));
     parts.monitor = monitor;
     train::Trainer trainer(std::move(parts));
     monitor->set_limit(budget);  // enforced with or without recovery
     // The governor first: it runs the steps, and its after_step judges the step's own peak.
-    trainer.register_hook(std::make_unique<memory::Governor>(memory::governor_options(c, budget), planner));
+    auto governor = std::make_unique<memory::Governor>(memory::governor_options(c, budget), planner);
+    if (micro > 0) {
+      governor->set_micro_batch(micro);
+      trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
+    }
+    if (trainer.options().batch() * trainer.accumulate() != c.train.nominal_batch)
+      spdlog::info("train.batch {} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
+                   "divides it, or train.batch=auto, makes it exact)",
+                   trainer.options().batch(), trainer.accumulate(), trainer.options().batch() * trainer.accumulate(),
+                   c.train.nominal_batch);
+    trainer.register_hook(std::move(governor));
     trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
     train::register_default_hooks(trainer, c);
     if (!checkpoint.empty()) trainer.load_checkpoint(checkpoint);

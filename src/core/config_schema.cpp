@@ -563,6 +563,10 @@ std::vector<ConfigKey> build_schema() {
                                "segments (YOLO backbone/neck stages, one per Hourglass stack), all = fine "
                                "segments (every YOLO layer, every Hourglass block sequence); auto = per input size, the fewest "
                                "stages, cheapest to recompute, that let the micro-batch fit memory.budget."),
+      choice_key("memory.prefer", [](Config& c) -> std::string& { return c.memory.prefer; }, {"throughput", "batch"},
+                 "train.batch=auto with activation_checkpointing=auto: throughput = the (micro-batch, recompute plan) "
+                 "with the highest predicted images per second; batch = the largest micro-batch that fits, recomputing "
+                 "what it takes (BatchNorm statistics over more images)."),
       budget_key(),
       double_key("memory.headroom", [](Config& c) -> double& { return c.memory.headroom; }, 0, 0.9,
                  "Share of the budget kept free: train.batch=auto and the governor aim for budget * (1 - headroom)."),

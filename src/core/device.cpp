@@ -24,19 +24,34 @@ HostMemory host_memory() {
   return h;
 }
 
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) m.rss = kb * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak_rss = kb * 1024;
+  }
+  return m;
+}
+
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return bool(f);
+}
+
 DeviceMemory device_memory(c10::Device device) {
 #ifdef HEADROOM_WITH_CUDA
   if (device.is_cuda()) return cuda_device_memory(device.has_index() ? device.index() : 0);
 #endif
   (void)device;
   DeviceMemory m;
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    long long kb = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) m.allocated = m.reserved = kb * 1024;
-    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
-  }
+  const ProcessMemory p = process_memory();
+  m.allocated = m.reserved = p.rss;
+  m.peak = p.peak_rss;
   return m;
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "headroom/augment/augment.h"
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
@@ -88,6 +89,7 @@ class Prober {
     int64_t update_peak = 0;          // ... during the optimizer step and the EMA update
     int64_t reserved_over = 0;        // peak reserved - peak allocated
     double workspace = 0;             // loss phase peak above the forward's end
+    double update_seconds = 0;        // the optimizer step and the EMA update
     std::vector<double> stage_bytes;  // kept per stage after the forward
     std::vector<double> stage_seconds;
     double seconds = 0;
@@ -101,6 +103,7 @@ class Prober {
     std::vector<double> time_at_row(at_row.size(), 0);
     auto forward_start = std::chrono::steady_clock::now();
     int64_t input_end = 0, forward_end = 0, overall = 0;
+    std::chrono::steady_clock::time_point update_start;
     bool in_forward = false;
     trainer_->model().set_row_observer([&](int row) {
       if (in_forward && size_t(row) < at_row.size()) {
@@ -126,6 +129,8 @@ class Prober {
       } else if (p == train::StepPhase::backward) {
         fb_peak = overall;
         monitor_.reset_peak();  // from here: the optimizer step and the EMA update
+        monitor_.synchronize();
+        update_start = std::chrono::steady_clock::now();
       }
     };
     monitor_.release_cache();
@@ -136,6 +141,8 @@ class Prober {
       trainer_->forward_backward(in, 0, 0, b);
       trainer_->update();
       if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
+      monitor_.synchronize();
+      r.update_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - update_start).count();
       const MemoryStats s = monitor_.sample();
       r.fits = true;
       r.peak = std::max(overall, s.peak_allocated) - base_;
@@ -261,12 +268,20 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
           StageBytes{p.stages()[i].name, (r2.stage_bytes[i] - r1.stage_bytes[i]) / double(b2 - b1), r2.stage_seconds[i] / double(b2)});
     m.allocator_overhead = r2.reserved_over;
     m.seconds_per_image = r2.seconds / double(b2);
+    const double fb1 = r1.seconds - r1.update_seconds, fb2 = r2.seconds - r2.update_seconds;
+    m.seconds_per_batch_image = (fb2 - fb1) / double(b2 - b1);
+    m.seconds_fixed = fb1 - m.seconds_per_batch_image * double(b1);
+    if (m.seconds_per_batch_image <= 0 || m.seconds_fixed < 0)  // timing noise: no fixed part
+      m.seconds_fixed = 0, m.seconds_per_batch_image = fb2 / double(b2);
+    m.update_seconds = std::min(r1.update_seconds, r2.update_seconds);
   } else if (r1.fits) {  // only the smaller probe fits: attribute everything above the static memory to its images
     const double fixed = double(static_memory(p.trainer()).total());
     m.fixed = fixed;
     m.per_image = (double(r1.step_peak) - fixed) / double(b1);
     m.update_peak = double(r1.update_peak);
     m.seconds_per_image = r1.seconds / double(b1);
+    m.seconds_per_batch_image = (r1.seconds - r1.update_seconds) / double(b1);
+    m.update_seconds = r1.update_seconds;
     for (size_t i = 0; i < p.stages().size(); ++i)
       m.stages.push_back(StageBytes{p.stages()[i].name, r1.stage_bytes[i] / double(b1), r1.stage_seconds[i] / double(b1)});
   } else {
@@ -303,16 +318,21 @@ ModeEstimate MemoryEstimate::at_size(const ModeEstimate& m, int64_t size) const 
   return s;
 }
 
+int64_t MemoryEstimate::step_images(int64_t b) const { return step_batch > 0 ? std::max(step_batch, b) : accumulate(b) * b; }
+
 int64_t MemoryEstimate::input_buffers(int64_t b) const {
-  return input_buffers_on_device ? int64_t(canvas_bytes * double(b) * double(prefetch + accumulate(b))) : 0;
+  if (!input_buffers_on_device) return 0;
+  // prefetched loader batches, and the step's own
+  const double loaded = step_batch > 0 ? double(step_batch) * double(prefetch + 1) : double(b) * double(prefetch + accumulate(b));
+  return int64_t(canvas_bytes * loaded);
 }
 
 int64_t MemoryEstimate::step_inputs(int64_t b) const {
-  return (accumulate(b) - 1) * b * 3 * imgsz * imgsz * int64_t(sizeof(float));
+  return (step_images(b) - b) * 3 * imgsz * imgsz * int64_t(sizeof(float));
 }
 
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
-  const double step = m.fixed + m.per_image * double(b) + (accumulate(b) > 1 ? double(fixed.gradients) : 0.0) +
+  const double step = m.fixed + m.per_image * double(b) + (step_images(b) > b ? double(fixed.gradients) : 0.0) +
                       double(step_inputs(b)) - savings;
   return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
 }
@@ -337,6 +357,9 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.min_batch = p.min_batch();
   e.batch = c.train.batch;
   e.fixed = static_memory(p.trainer());
+  if (!p.trainer().optimizer().fused())
+    for (const auto& param : p.trainer().model().parameters())
+      e.update_workspace = std::max<int64_t>(e.update_workspace, int64_t(param.nbytes()));
   e.stages = p.stages().size();
   e.nominal_batch = c.train.nominal_batch;
   e.prefetch = c.data.prefetch;
@@ -371,6 +394,9 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
       e.modes.push_back(std::move(m));
     }
   }
+  const ProcessMemory host = process_memory();
+  e.host_rss = host.rss;
+  e.host_peak_rss = host.peak_rss;
   return e;
 }
 
@@ -403,7 +429,9 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
     s += fmt::format("    {:<38}{:>12}\n", "per image (activations, input, loss)", b(m.per_image));
     for (const auto& st : m.stages) s += fmt::format("      {:<36}{:>12}\n", st.name, b(st.per_image));
     s += fmt::format("    {:<38}{:>12}  + {} per image\n", "loss and assigner workspace", b(m.workspace_fixed), b(m.workspace_per_image));
-    s += fmt::format("    {:<38}{:>12}\n", "optimizer step + EMA update peak", b(m.update_peak));
+    s += fmt::format("    {:<38}{:>12}  (parameters + gradients + state + EMA {} + update workspace {})\n",
+                     "optimizer step + EMA update peak", b(m.update_peak), b(double(e.fixed.total())),
+                     b(double(e.update_workspace)));
     if (m.allocator_overhead > 0) s += fmt::format("    {:<38}{:>12}\n", "allocator overhead (reserved - used)", b(double(m.allocator_overhead)));
     s += fmt::format("    {:<38}{:>12}\n", fmt::format("total at batch {}", e.batch), b(double(e.predicted_peak(m, e.batch))));
     if (e.budget > 0)
@@ -417,6 +445,10 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
       }
   }
   if (e.budget > 0) s += fmt::format("\nBudget {} minus headroom: {}\n", b(double(e.budget)), b(double(e.usable)));
+  if (e.host_rss > 0)
+    s += fmt::format("Host resident memory (RSS) {} now, {} at the probes' peak{}\n", b(double(e.host_rss)), b(double(e.host_peak_rss)),
+                     e.input_buffers_on_device ? " (the budget bounds it: tensors, code, libraries, buffers)"
+                                               : " (host side: code, libraries, pinned loader buffers)");
   return s;
 }
 
@@ -433,9 +465,12 @@ Json memory_estimate_json(const MemoryEstimate& e) {
   j["gradients"] = e.fixed.gradients;
   j["optimizer"] = e.fixed.optimizer;
   j["ema"] = e.fixed.ema;
+  j["update_workspace"] = e.update_workspace;
   j["input_buffers_at_batch"] = e.input_buffers(e.batch);
   j["input_buffers_on_device"] = e.input_buffers_on_device;
   j["step_inputs_at_batch"] = e.step_inputs(e.batch);
+  j["host_rss"] = e.host_rss;
+  j["host_peak_rss"] = e.host_peak_rss;
   Json modes = Json::array();
   for (const auto& m : e.modes) {
     Json mj = Json::object();
@@ -472,51 +507,113 @@ Json memory_estimate_json(const MemoryEstimate& e) {
   return j;
 }
 
+namespace {
+// Predicted images per second of a step of `step` images in micro-batches of `b` with plan `sp`.
+double images_per_second(const ModeEstimate& m, int64_t step, int64_t b, const StagePlan* sp) {
+  const int64_t parts = (step + b - 1) / b;
+  const double recompute = sp ? sp->recompute_seconds / double(b) * double(step) : 0.0;
+  const double seconds = double(parts) * m.seconds_fixed + double(step) * m.seconds_per_batch_image + m.update_seconds + recompute;
+  return seconds > 0 ? double(step) / seconds : 0.0;
+}
+}  // namespace
+
 AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget) {
   AutoBatch a;
   const LimitGuard limit(monitor, budget);
-  {
-    const train::AmpMode amp = train::resolve_amp(c, monitor.device());
-    Prober p = make_prober(c, train, monitor, amp, budget);
-    const int64_t least = p.min_batch();
-    ModeEstimate m = probe_mode(p, train::AmpMode::off, models::recompute_mode_from(c.memory.activation_checkpointing), {least, least + 1});
-    m.configured = true;
-    a.estimate = estimate_header(c, p, monitor, budget);
-    a.estimate.modes.push_back(m);
-    const auto input_bytes = [&](int64_t b) { return a.estimate.input_buffers(b); };
-    const int64_t usable = a.estimate.usable;
-    const int64_t cap = std::max<int64_t>(least, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
-    const auto fits = [&](int64_t b) {
-      for (const auto& [tb, peak] : a.tried)
-        if (tb == b) return peak >= 0 && peak <= usable;
-      const Prober::Result r = p.step(b);
-      // An accumulating step keeps the earlier micro-batches' gradients through the later ones.
-      const int64_t held = a.estimate.accumulate(b) > 1 ? a.estimate.fixed.gradients : 0;
-      const int64_t total = r.fits ? std::max(r.step_peak + held + a.estimate.step_inputs(b), r.update_peak) + input_bytes(b) : -1;
-      a.tried.emplace_back(b, total);
-      return r.fits && total <= usable;
-    };
-    if (m.fixed < 0 || !fits(least))
-      throw InputError("train.batch=auto: " + (least == 1 ? std::string("one image does") : std::to_string(least) + " images (the "
-                       "smallest micro-batch the model trains at) do") + " not fit memory.budget " + format_bytes(double(budget)) + " minus " +
-                       std::to_string(int(100 * c.memory.headroom)) + "% headroom on " + monitor.device().str() + ".\n" +
-                       format_memory_estimate(a.estimate) +
-                       "Lower data.imgsz, use a lighter model, train.amp, memory.activation_checkpointing=all, or a larger budget.");
-    // The fit's guess, then bisection between a size that fits and one that does not.
-    int64_t guess = least;
+  const bool plan_auto = c.memory.activation_checkpointing == "auto";
+  const models::RecomputeMode configured_ck = plan_auto ? models::RecomputeMode::off : models::recompute_mode_from(c.memory.activation_checkpointing);
+  Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
+  const int64_t least = p.min_batch();
+  a.estimate = estimate_header(c, p, monitor, budget);
+  a.step_batch = a.estimate.step_batch =
+      std::max(least, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
+  ModeEstimate plain = probe_mode(p, train::AmpMode::off, configured_ck, {least, least + 1});
+  plain.configured = true;
+  a.estimate.modes.push_back(plain);
+  const int64_t usable = a.estimate.usable, cap = a.step_batch;
+  if (plan_auto) {
+    ModeEstimate recomputed = probe_mode(p, train::AmpMode::off, models::RecomputeMode::stages, {least, least + 1});
+    a.planner = std::make_shared<RecomputePlanner>(a.estimate, plain, recomputed);
+    // The line from the two smallest sizes, then again near the largest batch it says fits: the
+    // fit is closest where the choice is made.
+    int64_t reach = least;
     for (int64_t b = least; b <= cap; ++b)
-      if (a.estimate.predicted_peak(m, b) <= usable) guess = b;
-    int64_t lo = least, hi = cap + 1;  // lo fits; hi does not (or is past the cap)
-    const auto probe = [&](int64_t b) {
-      if (b <= lo || b >= hi) return;
-      (fits(b) ? lo : hi) = b;
-    };
-    probe(guess);
-    probe(lo + 1);
-    while (hi - lo > 1) probe(lo + (hi - lo) / 2);
-    a.batch = lo;
+      if (a.planner->plan(a.estimate.imgsz, b).fits) reach = b;
+    if (reach >= 2 * (least + 1)) {
+      plain = probe_mode(p, train::AmpMode::off, models::RecomputeMode::off, {reach / 2, reach});
+      plain.configured = true;
+      recomputed = probe_mode(p, train::AmpMode::off, models::RecomputeMode::stages, {reach / 2, reach});
+      a.estimate.modes = {plain};
+      a.planner = std::make_shared<RecomputePlanner>(a.estimate, plain, recomputed);
+    }
   }
+  // A real step at b with the plan the run would use there.
+  const auto fits = [&](int64_t b) {
+    for (const auto& [tb, peak] : a.tried)
+      if (tb == b) return peak >= 0 && peak <= usable;
+    if (a.planner)
+      p.trainer().model().set_recomputed_stages(a.planner->plan(a.estimate.imgsz, b).recomputed);
+    else
+      p.trainer().model().set_recompute(configured_ck);
+    const Prober::Result r = p.step(b);
+    // A step of several micro-batches keeps the earlier ones' gradients and its other images' inputs.
+    const int64_t held = a.estimate.step_images(b) > b ? a.estimate.fixed.gradients : 0;
+    const int64_t total =
+        r.fits ? std::max(r.step_peak + held + a.estimate.step_inputs(b), r.update_peak) + a.estimate.input_buffers(b) : -1;
+    a.tried.emplace_back(b, total);
+    return r.fits && total <= usable;
+  };
+  if (plain.fixed < 0 || !fits(least))
+    throw InputError("train.batch=auto: " + (least == 1 ? std::string("one image does") : std::to_string(least) + " images (the "
+                     "smallest micro-batch the model trains at) do") + " not fit memory.budget " + format_bytes(double(budget)) +
+                     " minus " + std::to_string(int(100 * c.memory.headroom)) + "% headroom on " + monitor.device().str() + ".\n" +
+                     format_memory_estimate(a.estimate) +
+                     "Lower data.imgsz, use a lighter model, train.amp, memory.activation_checkpointing=all, or a larger budget.");
+  const auto option = [&](int64_t b) {
+    if (!a.planner) return BatchOption{b, models::to_string(configured_ck), a.estimate.predicted_peak(plain, b),
+                                       images_per_second(plain, cap, b, nullptr)};
+    const StagePlan& sp = a.planner->plan(a.estimate.imgsz, b);
+    return BatchOption{b, a.planner->stages_of(sp), sp.predicted_peak, images_per_second(plain, cap, b, &sp)};
+  };
+  // The largest micro-batch a real step confirms (each with its plan): the fit's guess, then
+  // bisection between a size that fits and one that does not.
+  int64_t guess = least;
+  for (int64_t b = least; b <= cap; ++b)
+    if (a.planner ? a.planner->plan(a.estimate.imgsz, b).fits : a.estimate.predicted_peak(plain, b) <= usable) guess = b;
+  int64_t lo = least, hi = cap + 1;  // lo fits; hi does not (or is past the cap)
+  const auto probe = [&](int64_t b) {
+    if (b <= lo || b >= hi) return;
+    (fits(b) ? lo : hi) = b;
+  };
+  probe(guess);
+  probe(lo + 1);
+  while (hi - lo > 1) probe(lo + (hi - lo) / 2);
+  a.batch = lo;
+  // Below it, the choices the preference weighs: the largest (batch), or the highest predicted
+  // images per second (throughput), confirmed by its own step.
+  for (int64_t b = least; b <= lo; ++b) a.options.push_back(option(b));
+  const bool by_batch = !a.planner || c.memory.prefer == "batch";
+  std::stable_sort(a.options.begin(), a.options.end(), [&](const BatchOption& x, const BatchOption& y) {
+    if (by_batch || x.images_per_second == y.images_per_second) return x.batch > y.batch;
+    return x.images_per_second > y.images_per_second;
+  });
+  if (!fits(a.options.front().batch)) {  // the prediction was wrong: the largest confirmed
+    const auto it = std::find_if(a.options.begin(), a.options.end(), [&](const BatchOption& o) { return o.batch == lo; });
+    std::rotate(a.options.begin(), it, it + 1);
+  }
+  a.batch = a.options.front().batch;
   return a;
+}
+
+std::string format_batch_options(const AutoBatch& a) {
+  std::string s;
+  for (size_t i = 0; i < a.options.size() && i < 8; ++i) {
+    const BatchOption& o = a.options[i];
+    s += fmt::format("\n  micro-batch {:>3}, recompute {}: predicted peak {}, {:.2f} img/s{}", o.batch, o.plan,
+                     format_bytes(double(o.predicted_peak)), o.images_per_second, i == 0 ? "  (chosen)" : "");
+  }
+  if (a.options.size() > 8) s += fmt::format("\n  ... {} more", a.options.size() - 8);
+  return s;
 }
 
 RecomputePlanner::RecomputePlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate recomputed)
@@ -552,14 +649,22 @@ const StagePlan& RecomputePlanner::plan(int64_t size, int64_t micro) {
   return cache_.emplace(key, std::move(p)).first->second;
 }
 
-std::string RecomputePlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
+std::string RecomputePlanner::stages_of(const StagePlan& p) const {
   std::string stages;
+  size_t n = 0;
   for (size_t i = 0; i < p.recomputed.size(); ++i)
-    if (p.recomputed[i]) stages += (stages.empty() ? "" : ", ") + (i < plain_.stages.size() ? plain_.stages[i].name : "stage " + std::to_string(i));
+    if (p.recomputed[i])
+      ++n, stages += (stages.empty() ? "" : ", ") + (i < plain_.stages.size() ? plain_.stages[i].name : "stage " + std::to_string(i));
+  if (n == 0) return "no stage";
+  return n == p.recomputed.size() ? "every stage" : stages;
+}
+
+std::string RecomputePlanner::describe(const StagePlan& p, int64_t size, int64_t micro) const {
+  const std::string stages = stages_of(p);
   const double step = std::max(p.step_seconds, 1e-12);
   return fmt::format("activation checkpointing auto at {} px, micro-batch {}: {}; predicted peak {} of {}{}; recompute +{:.0f}% "
                      "of the step (every stage: +{:.0f}%)",
-                     size, micro, stages.empty() ? std::string("no stage") : stages, format_bytes(double(p.predicted_peak)),
+                     size, micro, stages, format_bytes(double(p.predicted_peak)),
                      format_bytes(double(e_.usable)), p.fits ? "" : " (over: the governor shrinks the micro-batch)",
                      100 * p.recompute_seconds / step, 100 * p.recompute_all_seconds / step);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
@@ -144,6 +145,7 @@ void Governor::before_train(train::Trainer& t) {
   if (recompute_all_) t.model().set_recompute(models::RecomputeMode::all);
   const MemoryStats s = m.sample();
   last_retries_ = retries_at_start_ = s.alloc_retries;
+  other_at_start_ = process_memory().rss - (t.device().is_cpu() ? s.allocated : 0);
   ooms_at_start_ = s.ooms;
   if (!decisions_.empty())
     spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, recompute {}, amp {}", decisions_.size(),
@@ -173,7 +175,7 @@ void Governor::after_step(train::Trainer& t) {
   epoch_peak_ = std::max(epoch_peak_, s.peak_allocated);
   epoch_peak_reserved_ = std::max(epoch_peak_reserved_, s.peak_reserved);
   peak_so_far_ = std::max(peak_so_far_, s.peak_allocated);
-  const int64_t usable = usable_budget(o_.budget(), o_.headroom());
+  const int64_t usable = usable_budget(o_.budget() - other_growth_, o_.headroom());
   const bool new_retries = s.alloc_retries > last_retries_;
   retry_run_ = new_retries ? retry_run_ + 1 : 0;
   last_retries_ = s.alloc_retries;
@@ -196,11 +198,29 @@ void Governor::after_step(train::Trainer& t) {
 
 void Governor::after_epoch(train::Trainer& t) {
   const MemoryStats s = monitor(t).sample();
+  const ProcessMemory host = process_memory();
+  const bool cpu = t.device().is_cpu();
+  const int64_t other = host.rss - (cpu ? s.allocated : 0), growth = other - other_at_start_;
   spdlog::info("memory, epoch {}: peak {} allocated, {} reserved, of budget {}; fragmentation now {:.0f}%; since the start {} "
-               "allocator retries, {} OOMs; micro-batch {}",
+               "allocator retries, {} OOMs; micro-batch {}; host RSS {} (peak {}){}",
                t.state().epoch + 1, format_bytes(double(epoch_peak_)), format_bytes(double(epoch_peak_reserved_)),
                o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), 100 * s.fragmentation(),
-               s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, micro_batch(t));
+               s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, micro_batch(t), format_bytes(double(host.rss)),
+               format_bytes(double(host.peak_rss)),
+               cpu ? fmt::format(": {} tensors, {} the rest ({:+.1f} MiB since training began)", format_bytes(double(s.allocated)),
+                                 format_bytes(double(other)), double(growth) / double(1 << 20))
+                   : std::string());
+  // On the CPU the budget bounds the process: the rest's growth comes off the tensors' limit.
+  if (cpu && o_.budget() > 0) {
+    other_growth_ = std::max<int64_t>(0, growth);
+    const int64_t limit = o_.budget() - other_growth_;
+    if (limit != s.limit) {
+      monitor(t).set_limit(limit);
+      if (growth > 0)
+        spdlog::info("memory: tensors may use {} of the {} budget: the process's other memory grew by {}", format_bytes(double(limit)),
+                     format_bytes(double(o_.budget())), format_bytes(double(growth)));
+    }
+  }
   epoch_peak_ = epoch_peak_reserved_ = 0;
 }
 

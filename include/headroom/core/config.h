@@ -108,6 +108,7 @@ struct MemoryBudgetSpec {
 
 struct MemoryConfig {
   std::string activation_checkpointing = "off";  // off | stages | all | auto (recompute in backward)
+  std::string prefer = "throughput";  // train.batch auto with recompute auto: throughput | batch
   MemoryBudgetSpec budget;
   double headroom = 0.10;            // share of the budget kept free (fragmentation, crowded batches)
   bool governor = true;              // recover from out-of-memory errors by splitting the batch further

@@ -56,4 +56,13 @@ struct HostMemory {
 };
 HostMemory host_memory();
 
+// This process's resident memory from /proc/self/status: VmRSS now and VmHWM, its peak (since the
+// start or the last reset_peak_rss), in bytes (0 when unknown).
+struct ProcessMemory {
+  int64_t rss = 0, peak_rss = 0;
+};
+ProcessMemory process_memory();
+// Restarts VmHWM from the current RSS (/proc/self/clear_refs); false where the kernel refuses.
+bool reset_peak_rss();
+
 }  // namespace headroom

@@ -42,6 +42,11 @@ struct ModeEstimate {
   int64_t allocator_overhead = 0;  // reserved - allocated at the larger probe (CUDA caching)
   std::vector<StageBytes> stages;
   double seconds_per_image = 0;    // step time at the larger probe, per image
+  // A micro-batch's forward and backward time fitted on the two probes, fixed + per image (the
+  // fixed part is what a small batch leaves unused: kernel launches, idle cores), and the
+  // optimizer step + EMA update's, once per optimizer step.
+  double seconds_fixed = 0, seconds_per_batch_image = 0, update_seconds = 0;
+  double micro_batch_seconds(int64_t b) const { return seconds_fixed + seconds_per_batch_image * double(b); }
 };
 
 struct MemoryEstimate {
@@ -53,15 +58,26 @@ struct MemoryEstimate {
   int64_t min_batch = 1;      // the smallest micro-batch the model trains at (models::smallest_trainable_batch)
   int64_t batch = 0;          // the configured batch
   StaticMemory fixed;
+  // The optimizer step's own extra memory: one workspace the size of the largest parameter on the
+  // in-place path, none with the fused kernels (train/optimizer.h).
+  int64_t update_workspace = 0;
   size_t stages = 0;         // the model's stages (DetectorImpl::stages())
   int64_t nominal_batch = 0, prefetch = 0;
+  // Images per loader batch when it differs from the micro-batch (train.batch: auto loads the
+  // whole step, nominal_batch images, and the governor cuts it into micro-batches); 0 = the
+  // loader batch is the micro-batch and a step accumulates round(nominal / batch) of them.
+  int64_t step_batch = 0;
   // Host-side batches the loader keeps (prefetch, plus the step's own): counted against the
   // budget on the CPU, whose memory they share; on CUDA they are host memory.
   bool input_buffers_on_device = false;
   double canvas_bytes = 0;   // one loader image
+  // The process's resident memory after the probes, and its peak: on the CPU the tensors and
+  // everything else (code, libraries, buffers), which the budget bounds; on CUDA the host side.
+  int64_t host_rss = 0, host_peak_rss = 0;
   std::vector<ModeEstimate> modes;
 
   int64_t accumulate(int64_t batch) const;
+  int64_t step_images(int64_t batch) const;  // images per optimizer step at micro-batch `batch`
   // A mode at another input side: activations scale with the area.
   ModeEstimate at_size(const ModeEstimate& m, int64_t size) const;
   int64_t input_buffers(int64_t batch) const;
@@ -92,15 +108,35 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
 std::string format_memory_estimate(const MemoryEstimate& e);
 Json memory_estimate_json(const MemoryEstimate& e);
 
-struct AutoBatch {
+class RecomputePlanner;
+
+// One (micro-batch, recompute plan) the automatic batch size weighed.
+struct BatchOption {
   int64_t batch = 0;
+  std::string plan;             // "no stage", "every stage", "rows 2-3 C2f.. (stride 4), ..."
+  int64_t predicted_peak = 0;
+  double images_per_second = 0;  // predicted from the probes' step and stage times
+};
+
+struct AutoBatch {
+  int64_t batch = 0;             // the micro-batch
+  int64_t step_batch = 0;        // the loader batch: the images of one optimizer step
   std::vector<std::pair<int64_t, int64_t>> tried;  // (batch, step peak incl. input buffers; -1 = out of memory)
+  std::vector<BatchOption> options;  // the fitting choices, best first (the first is the one taken)
+  std::shared_ptr<RecomputePlanner> planner;  // memory.activation_checkpointing: auto
   MemoryEstimate estimate;
 };
-// train.batch=auto: the largest batch (at most train.nominal_batch and the training images)
-// whose real step stays under budget * (1 - headroom): fit from the probes, then verified by
-// stepping at the chosen size and the one above. InputError with the table when 1 does not fit.
+// train.batch=auto. The loader batch is the step: train.nominal_batch images (at most the
+// training images), so every optimizer step sums exactly that many; the governor cuts it into
+// balanced micro-batches. The micro-batch (at least the smallest the model trains at) is the
+// largest whose real step stays under budget * (1 - headroom) — fit from the probes, then
+// verified by stepping at the chosen size and the one above. With activation checkpointing
+// `auto` the micro-batch and the recompute plan are chosen together: among the (micro-batch,
+// fewest-stages plan) pairs predicted to fit, memory.prefer: throughput takes the highest
+// predicted images per second, batch the largest micro-batch; the choice is verified by a real
+// step. InputError with the table when the smallest micro-batch does not fit.
 AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget);
+std::string format_batch_options(const AutoBatch& a);
 
 // memory.activation_checkpointing: auto. From the per-stage activation bytes with and without
 // recompute and each stage's forward time, the plan for an input size and micro-batch is the
@@ -120,6 +156,7 @@ class RecomputePlanner {
  public:
   RecomputePlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate recomputed);
   const StagePlan& plan(int64_t size, int64_t micro_batch);
+  std::string stages_of(const StagePlan& p) const;  // "no stage", or the recomputed stages' names
   std::string describe(const StagePlan& p, int64_t size, int64_t micro_batch) const;
   const MemoryEstimate& estimate() const { return e_; }
 

@@ -14,7 +14,12 @@
 //    allocator counters, no sync) it shrinks pre-emptively when the peak crosses budget -
 //    headroom or allocator retries grow on consecutive steps (thrashing), and optionally grows
 //    back after a stable stretch; an out-of-memory error in validation halves the validation
-//    batch, one in the loader climbs the same ladder.
+//    batch, one in the loader climbs the same ladder;
+//  - at each epoch's end it reads the process's resident memory (host RSS: on the CPU the tensors
+//    and everything else; on CUDA the host side the seed user's RAM filled) and logs it. On the
+//    CPU the budget bounds the process: what the process holds beyond its tensors and beyond
+//    what it held when training began (validation, the decoded cache, checkpoint writing) is
+//    taken off the tensors' limit, so growth there is counted, not added on top.
 // Every decision is logged with its reason and saved in checkpoints (its registry entry).
 // Register it first among the hooks: its after_step judges the step's own peak.
 #pragma once
@@ -93,6 +98,8 @@ class Governor final : public train::Hook, public train::StepExecutor {
   std::vector<MemoryDecision> decisions_;
   std::vector<bool> plan_;       // the stages recomputed now
   std::set<std::pair<int64_t, int64_t>> plans_logged_;
+  int64_t other_at_start_ = 0;  // host RSS beyond the tensors when training began
+  int64_t other_growth_ = 0;    // CPU: its growth since, taken off the tensors' budget
   int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, epoch_peak_reserved_ = 0,
           retries_at_start_ = 0, ooms_at_start_ = 0, peak_so_far_ = 0;
 };
