@@ -90,6 +90,7 @@ class Prober {
     int64_t reserved_over = 0;        // peak reserved - peak allocated
     double workspace = 0;             // loss phase peak above the forward's end
     double update_seconds = 0;        // the optimizer step and the EMA update
+    double forward_peak = 0;          // at the forward's end plus the loss workspace (above base)
     std::vector<double> stage_bytes;  // kept per stage after the forward
     std::vector<double> stage_seconds;
     double seconds = 0;
@@ -147,6 +148,7 @@ class Prober {
       r.fits = true;
       r.peak = std::max(overall, s.peak_allocated) - base_;
       r.step_peak = fb_peak - base_;
+      r.forward_peak = double(forward_end - base_) + r.workspace;
       r.update_peak = s.peak_allocated - base_;
       r.reserved_over = std::max<int64_t>(0, s.peak_reserved - std::max(overall, s.peak_allocated));
     } catch (const c10::Error& e) {
@@ -261,6 +263,8 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
     m.per_image = double(r2.step_peak - r1.step_peak) / double(b2 - b1);
     m.fixed = double(r1.step_peak) - m.per_image * double(b1);
     m.update_peak = double(std::max(r1.update_peak, r2.update_peak));
+    m.forward_per_image = (r2.forward_peak - r1.forward_peak) / double(b2 - b1);
+    m.forward_fixed = r1.forward_peak - m.forward_per_image * double(b1);
     m.workspace_per_image = (r2.workspace - r1.workspace) / double(b2 - b1);
     m.workspace_fixed = r1.workspace - m.workspace_per_image * double(b1);
     for (size_t i = 0; i < p.stages().size(); ++i)
@@ -314,6 +318,7 @@ ModeEstimate MemoryEstimate::at_size(const ModeEstimate& m, int64_t size) const 
   s.per_image *= area;
   for (auto& st : s.stages) st.per_image *= area, st.seconds_per_image *= area;
   s.workspace_per_image *= area;
+  s.forward_per_image *= area;
   s.seconds_per_image *= area;
   return s;
 }
@@ -332,7 +337,13 @@ int64_t MemoryEstimate::step_inputs(int64_t b) const {
 }
 
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
-  const double step = m.fixed + m.per_image * double(b) + (step_images(b) > b ? double(fixed.gradients) : 0.0) +
+  // The step's peak moves with the batch: at small batches it sits in the backward, where the
+  // gradients have been allocated and few activations are left, so the two probes' peaks grow
+  // slowly; at large batches it is the forward's end, which grows by every image's activations.
+  // Each line is fitted on its own and the larger taken (Hourglass-104 at 128 px: the step line
+  // alone said 74 images fit 5 GiB; 25 do).
+  const double phase = std::max(m.fixed + m.per_image * double(b), m.forward_fixed + m.forward_per_image * double(b));
+  const double step = phase + (step_images(b) > b ? double(fixed.gradients) : 0.0) +
                       double(step_inputs(b)) - savings;
   return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
 }
@@ -429,6 +440,7 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
     s += fmt::format("    {:<38}{:>12}\n", "per image (activations, input, loss)", b(m.per_image));
     for (const auto& st : m.stages) s += fmt::format("      {:<36}{:>12}\n", st.name, b(st.per_image));
     s += fmt::format("    {:<38}{:>12}  + {} per image\n", "loss and assigner workspace", b(m.workspace_fixed), b(m.workspace_per_image));
+    s += fmt::format("    {:<38}{:>12}  + {} per image\n", "forward end + loss (large batches)", b(m.forward_fixed), b(m.forward_per_image));
     s += fmt::format("    {:<38}{:>12}  (parameters + gradients + state + EMA {} + update workspace {})\n",
                      "optimizer step + EMA update peak", b(m.update_peak), b(double(e.fixed.total())),
                      b(double(e.update_workspace)));
@@ -480,6 +492,8 @@ Json memory_estimate_json(const MemoryEstimate& e) {
     mj["fixed"] = m.fixed;
     mj["per_image"] = m.per_image;
     mj["update_peak"] = m.update_peak;
+    mj["forward_fixed"] = m.forward_fixed;
+    mj["forward_per_image"] = m.forward_per_image;
     mj["workspace_fixed"] = m.workspace_fixed;
     mj["workspace_per_image"] = m.workspace_per_image;
     mj["allocator_overhead"] = m.allocator_overhead;
@@ -591,7 +605,8 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   a.batch = lo;
   // Below it, the choices the preference weighs: the largest (batch), or the highest predicted
   // images per second (throughput), confirmed by its own step.
-  for (int64_t b = least; b <= lo; ++b) a.options.push_back(option(b));
+  for (int64_t b = least; b <= lo; ++b)  // those predicted to fit (a smaller one can need more: it accumulates), and lo
+    if (const BatchOption o = option(b); o.predicted_peak <= usable || b == lo) a.options.push_back(o);
   const bool by_batch = !a.planner || c.memory.prefer == "batch";
   std::stable_sort(a.options.begin(), a.options.end(), [&](const BatchOption& x, const BatchOption& y) {
     if (by_batch || x.images_per_second == y.images_per_second) return x.batch > y.batch;

@@ -113,6 +113,11 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
         augment::enabled(c.augment) ? augment::Augmenter(augment::augmenter_options(c, multiple, 1)).min_output_size(c.data.imgsz)
                                     : c.data.imgsz;
     p.loader.min_batch(models::smallest_trainable_batch(*p.model, least_size));
+    if (!c.train.batch_auto && c.train.batch < p.loader.min_batch())
+      throw InputError(c.where("train.batch") + ": train.batch " + std::to_string(c.train.batch) + " is below the " +
+                       std::to_string(p.loader.min_batch()) + " images per micro-batch " + p.model->yaml_file() + " trains on at " +
+                       std::to_string(least_size) + " px (BatchNorm needs 2 values per channel over its 1x1 maps): set "
+                       "train.batch to at least " + std::to_string(p.loader.min_batch()) + ", or raise data.imgsz");
     if (p.loader.min_batch() > 1)
       spdlog::info("the model trains on at least {} images per micro-batch at {} px (BatchNorm needs 2 values per channel over "
                    "its 1x1 maps); an epoch's last batch below that is left out",

@@ -39,6 +39,9 @@ struct ModeEstimate {
   double per_image = 0;      // bytes per image (activations, input, loss workspace)
   double update_peak = 0;
   double workspace_per_image = 0, workspace_fixed = 0;  // the loss and assigner, above the forward's memory
+  // The forward's end plus the loss workspace, fitted on its own: where the peak sits at large
+  // batches (predicted_peak takes the larger line).
+  double forward_fixed = 0, forward_per_image = 0;
   int64_t allocator_overhead = 0;  // reserved - allocated at the larger probe (CUDA caching)
   std::vector<StageBytes> stages;
   double seconds_per_image = 0;    // step time at the larger probe, per image
