@@ -110,14 +110,14 @@ void Optimizer::step(const at::Tensor& found_inf) {
 }
 
 void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
-  // Atomic without a copy of the model: everything the update allocates — one workspace the size
+  // Atomic without a copy of the model: everything the update allocates — Adam's one workspace the size
   // of the largest parameter and the 0-dim factors — is made before the first parameter changes;
   // after that every op writes in place and allocates nothing (no plain-number operands, which
   // LibTorch wraps in fresh tensors). An out-of-memory error leaves parameters and state untouched
   // and the governor can re-run the step; the extra memory is bounded by that one workspace.
   const bool adam = options_.kind() != OptimizerKind::sgd;
   const at::Tensor& p0 = active.front().params.front();
-  const at::Tensor workspace = at::empty({largest}, p0.options());
+  const at::Tensor workspace = adam ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
   struct Factors {
     at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;
   };

@@ -1,7 +1,7 @@
 // Optimizers over parameter groups: the fused ATen kernels (_fused_sgd_ / _fused_adam_ /
 // _fused_adamw_, CPU and CUDA) where this LibTorch has them, in-place per-tensor updates
 // otherwise. Both are atomic without staging a copy of the model: the fused kernels allocate
-// nothing, the in-place path allocates one workspace the size of the largest parameter before it
+// nothing, the in-place path allocates at most one workspace the size of the largest parameter (Adam; SGD none) before it
 // changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
 // fused path, which is what the loss scaler and the non-finite guard rely on.
 #pragma once
