@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake ninja-build ccache pkg-config
-  libtorch-dev
+  libtorch-dev libgloo-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libturbojpeg0-dev libpng-dev
   libopencv-core-dev libopencv-imgproc-dev

@@ -12,8 +12,9 @@ packages=(
   libyaml-cpp0.7 libyaml-cpp-dev libspdlog1.10 libspdlog-dev libfmt9 libfmt-dev
   libcli11-dev libgtest-dev
   libonnx1 libonnx-dev libprotobuf32 libprotobuf-dev
+  libgloo-dev
 )
-if [[ -f $dest/.complete ]]; then
+if [[ -f $dest/.complete && "$(cat $dest/.complete)" == "${packages[*]}" ]]; then
   echo "bundle-deps: $dest is complete ($(du -sh $dest | cut -f1))"
   exit 0
 fi
@@ -28,5 +29,5 @@ find "$dest" -name '*.a' ! -name 'libgtest*' ! -name 'libgmock*' -delete
 lib="$dest/usr/lib/x86_64-linux-gnu"
 ln -sf blas/libblas.so.3 "$lib/libblas.so.3"
 ln -sf lapack/liblapack.so.3 "$lib/liblapack.so.3"
-touch "$dest/.complete"
+echo "${packages[*]}" > "$dest/.complete"  # a changed list unpacks again
 echo "bundle-deps: $dest ready ($(du -sh $dest | cut -f1))"

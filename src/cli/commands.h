@@ -31,6 +31,10 @@ Config load_run_config(const std::string& path, const std::vector<std::string>& 
 // `auto` falling back to the CPU logs a warning with the reason.
 c10::Device run_device(const Config& c);
 
+// The process's command line as main() received it (argv[0] first): `--nproc` starts it again.
+const std::vector<std::string>& program_args();
+void set_program_args(std::vector<std::string> args);
+
 // Prints a JSON document on stdout (one line when `compact`).
 void print_json(const Json& j);
 

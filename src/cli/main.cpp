@@ -7,6 +7,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
+#include "headroom/dist/launch.h"
 
 namespace headroom::cli {
 
@@ -22,6 +23,12 @@ c10::Device run_device(const Config& c) {
   if (!choice.warning.empty()) spdlog::warn("{}", choice.warning);
   return choice.device;
 }
+
+namespace {
+std::vector<std::string> g_program_args;
+}
+const std::vector<std::string>& program_args() { return g_program_args; }
+void set_program_args(std::vector<std::string> args) { g_program_args = std::move(args); }
 
 void print_json(const Json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 
@@ -47,6 +54,7 @@ int main(int argc, char** argv) {
   cli::add_export_command(app, exit_code);
   // `trainer --config C ...` means `trainer train --config C ...`.
   std::vector<std::string> args(argv + 1, argv + argc);
+  cli::set_program_args(std::vector<std::string>(argv, argv + argc));
   if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume"))
     args.insert(args.begin(), "train");
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
@@ -56,12 +64,15 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? kExitOk : kExitBadInput;
   } catch (const InputError& e) {
     spdlog::error("{}", e.what());
+    dist::write_error_file(e.what());
     return kExitBadInput;
   } catch (const DeviceError& e) {
     spdlog::error("{}", e.what());
+    dist::write_error_file(e.what());
     return kExitBadInput;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
+    dist::write_error_file(e.what());
     return kExitFailure;
   }
   return exit_code;

@@ -588,6 +588,13 @@ std::vector<ConfigKey> build_schema() {
       bool_key("memory.expandable_segments", [](Config& c) -> bool& { return c.memory.expandable_segments; },
                "CUDA allocator: segments that grow in place instead of new blocks (LibTorch 2.1+; less "
                "fragmentation with changing shapes such as multi-scale)."),
+      // distributed
+      choice_key("distributed.backend", [](Config& c) -> std::string& { return c.distributed.backend; }, {"auto", "nccl", "gloo"},
+                 "c10d backend of a run on several processes (--nproc N or torchrun): auto = NCCL on CUDA, Gloo on the CPU."),
+      double_key("distributed.timeout", [](Config& c) -> double& { return c.distributed.timeout; }, 1, 86400,
+                 "Seconds a rank waits for the others (rendezvous, each collective) before it stops naming what it waited on."),
+      bool_key("distributed.sync_bn", [](Config& c) -> bool& { return c.distributed.sync_bn; },
+               "BatchNorm statistics computed over the images of every rank (SyncBatchNorm), not each rank's own."),
       // loss
       double_key("loss.box", [](Config& c) -> double& { return c.loss.box; }, 0, 1000,
                  "Box loss gain; auto = 7.5 for YOLOv8 (CIoU), 0.05 for YOLOv5.", true),

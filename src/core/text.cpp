@@ -34,6 +34,8 @@ std::string to_lower(std::string_view s) {
   return out;
 }
 
+std::string first_line(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
+
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }

@@ -120,6 +120,13 @@ struct MemoryConfig {
   bool expandable_segments = false;  // LibTorch 2.1+
 };
 
+// Several processes on c10d (dist/group.h): launched by `trainer train --nproc N` or torchrun.
+struct DistributedConfig {
+  std::string backend = "auto";     // auto (NCCL for CUDA tensors, Gloo on the CPU) | nccl | gloo
+  double timeout = 300;             // seconds a rank waits on the others (rendezvous, collectives) before it stops
+  bool sync_bn = false;             // BatchNorm statistics over the whole step's images on every rank
+};
+
 // Loss gains and assignment settings (Ultralytics names for YOLO, TF OD API names for CenterNet).
 struct LossConfig {
   double box = -1;                  // -1 (auto): 7.5 for YOLOv8, 0.05 for YOLOv5
@@ -196,6 +203,7 @@ struct Config {
   TrainConfig train;
   AugmentConfig augment;
   MemoryConfig memory;
+  DistributedConfig distributed;
   LossConfig loss;
   EvalConfig eval;
   LogConfig log;

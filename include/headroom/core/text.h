@@ -15,6 +15,8 @@ std::string_view trim(std::string_view s);
 std::vector<std::string_view> split_whitespace(std::string_view s);
 std::string to_lower(std::string_view s);
 bool ends_with(std::string_view s, std::string_view suffix);
+// Up to the first newline (an exception's message without its backtrace).
+std::string first_line(std::string_view s);
 
 // Strict number parsing: the whole (trimmed) text must be the number.
 std::optional<int64_t> parse_int(std::string_view s);

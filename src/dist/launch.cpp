@@ -1,0 +1,157 @@
+#include "headroom/dist/launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+
+namespace headroom::dist {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A port the kernel hands out now; the store binds it a moment later (torchrun does the same).
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) throw Error(std::string("--nproc: no socket for the rendezvous port: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(s);
+    throw Error(std::string("--nproc: no free local port for the rendezvous: ") + std::strerror(errno));
+  }
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+std::string describe(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + (sigabbrev_np(sig) ? std::string("SIG") + sigabbrev_np(sig) : "?") + ")";
+  }
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status); }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+void write_error_file(const std::string& message) {
+  const char* path = std::getenv("HEADROOM_ERROR_FILE");
+  if (!path || !*path) return;
+  std::ofstream out(path, std::ios::trunc);
+  out << message;
+}
+
+int launch_local(const std::string& program, const std::vector<std::string>& args, const LaunchOptions& o) {
+  const int n = o.nproc();
+  char tmpl[] = "/tmp/headroom-launch-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: no folder for the workers' error files: ") + std::strerror(errno));
+  const fs::path errors(tmpl);
+  const int port = free_port();
+  spdlog::info("--nproc {}: starting {} workers (rendezvous 127.0.0.1:{})", n, n, port);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("HEADROOM_ERROR_FILE", (errors / ("rank" + std::to_string(r) + ".txt")).c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "--nproc: could not start worker %d: %s\n", r, std::strerror(errno));
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Ctrl-C reaches the workers (one process group) and they stop together; the launcher waits.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction old_int {};
+  ::sigaction(SIGINT, &ignore, &old_int);
+
+  int running = n, first_failed = -1, first_status = 0, interrupted_code = 0;
+  std::chrono::steady_clock::time_point deadline{};
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, first_failed >= 0 ? WNOHANG : 0);
+    if (pid == 0) {  // failing: the others have until the deadline
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (size_t r = 0; r < pids.size(); ++r)
+          if (pids[r] > 0) {
+            spdlog::error("--nproc: rank {} did not end within {:g} s of rank {}'s failure; killing it", r, o.timeout(), first_failed);
+            ::kill(pids[r], SIGKILL);
+          }
+        deadline = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    int rank = -1;
+    for (size_t r = 0; r < pids.size(); ++r)
+      if (pids[r] == pid) rank = int(r);
+    if (rank < 0) continue;
+    pids[size_t(rank)] = -1;
+    --running;
+    // Ctrl-C stops every worker at the same step; rank 0 may still be writing its checkpoint.
+    const bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == kExitInterrupted;
+    if (interrupted) interrupted_code = kExitInterrupted;
+    const bool failed = !interrupted && (!WIFEXITED(status) || WEXITSTATUS(status) != 0);
+    if (failed && first_failed < 0) {
+      first_failed = rank;
+      first_status = status;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGTERM);
+      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.timeout() * 1000));
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  int code = interrupted_code;
+  if (first_failed >= 0) {
+    const std::string why = read_text(errors / ("rank" + std::to_string(first_failed) + ".txt"));
+    spdlog::error("--nproc {}: rank {} {}{}{}; the other workers were stopped", n, first_failed, describe(first_status),
+                  why.empty() ? "" : ": ", why);
+    code = exit_code_of(first_status);
+    if (code == 0) code = kExitFailure;
+  }
+  std::error_code ec;
+  fs::remove_all(errors, ec);
+  return code;
+}
+
+}  // namespace headroom::dist
