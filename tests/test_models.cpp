@@ -6,6 +6,7 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
+#include "headroom/models/blocks.h"
 #include "headroom/models/detector.h"
 #include "test_util.h"
 
@@ -257,4 +258,53 @@ TEST(Models, TheConfigSelectsTheModel) {
   EXPECT_EQ(build_detector(load_config(dir + "/run.yaml"), 3)->yaml_file(), dir + "/mine.yaml");
   // and a shipped name from anywhere: the source tree's models/ (the installed ones first, see Cli)
   EXPECT_EQ(build_detector(load_config(dir + "/run.yaml", {"model.file=yolo11s.yaml"}), 3)->parameter_count(), build("yolo11s.yaml", 3)->parameter_count());
+}
+
+// SyncBatchNorm's arithmetic: with the statistics of one process it is BatchNorm2d in training
+// mode (outputs, input and parameter gradients, running statistics); two halves whose sums are
+// added give the whole batch's (the sums the ranks' all-reduce computes: the mean's, then the
+// squared differences').
+TEST(Models, SyncBatchNormIsBatchNormOverEveryRanksImages) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({6, 5, 4, 3}) * 2 + 1;
+  const at::Tensor up = at::randn({6, 5, 4, 3});
+  torch::nn::BatchNorm2d ref(torch::nn::BatchNormOptions(5).momentum(0.03));
+  torch::nn::BatchNorm2d syn(torch::nn::BatchNormOptions(5).momentum(0.03));
+  {
+    at::NoGradGuard no_grad;
+    ref->weight.uniform_(0.5, 1.5);
+    ref->bias.uniform_(-1, 1);
+    syn->weight.copy_(ref->weight);
+    syn->bias.copy_(ref->bias);
+  }
+  const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+  const at::Tensor ya = ref->forward(xa);
+  (ya * up).sum().backward();
+  // The two halves: the second's sums stand in for another rank's, added as the all-reduce would.
+  const at::Tensor first = xb.narrow(0, 0, 2), second = xb.narrow(0, 2, 4).detach();
+  const at::Tensor mean = x.mean({0, 2, 3});
+  const at::Tensor other_first = at::cat({second.sum({0, 2, 3}), at::full({1}, double(second.numel() / 5))});
+  const at::Tensor other_second = (second - mean.view({1, -1, 1, 1})).square().sum({0, 2, 3});
+  int calls = 0;
+  const StatsSum plus_other = [&](const at::Tensor& mine) { return mine + (calls++ == 0 ? other_first : other_second); };
+  const at::Tensor y1 = sync_batch_norm(first, *syn, plus_other);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(at::allclose(y1, ya.narrow(0, 0, 2), 1e-5, 1e-5));
+  // With the whole batch on one rank (a sum over one process), everything matches.
+  torch::nn::BatchNorm2d one(torch::nn::BatchNormOptions(5).momentum(0.03));
+  {
+    at::NoGradGuard no_grad;
+    one->weight.copy_(ref->weight);
+    one->bias.copy_(ref->bias);
+  }
+  const at::Tensor xc = x.clone().requires_grad_();
+  const at::Tensor yc = sync_batch_norm(xc, *one, [](const at::Tensor& t) { return t; });
+  (yc * up).sum().backward();
+  EXPECT_TRUE(at::allclose(yc, ya, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(xc.grad(), xa.grad(), 1e-4, 1e-5)) << (xc.grad() - xa.grad()).abs().max();
+  EXPECT_TRUE(at::allclose(one->weight.grad(), ref->weight.grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(one->bias.grad(), ref->bias.grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(one->running_mean, ref->running_mean, 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(one->running_var, ref->running_var, 1e-6, 1e-6));
+  EXPECT_EQ(one->num_batches_tracked.item<int64_t>(), ref->num_batches_tracked.item<int64_t>());
 }

@@ -1,16 +1,25 @@
 // Helpers for tests that train: a tiny YOLOv8 run on the small synthetic set, test losses,
-// a hook that freezes BatchNorm, parameter snapshots.
+// a hook that freezes BatchNorm, parameter snapshots, trainer processes and their files.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <sys/wait.h>
+#include <torch/serialize/input-archive.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "headroom/core/config.h"
 #include "headroom/losses/loss.h"
 #include "headroom/memory/monitor.h"
+#include "headroom/models/weights.h"
 #include "headroom/train/trainer.h"
 #include "test_util.h"
 
@@ -77,6 +86,86 @@ inline train::TrainerParts parts_for(const Config& c, const std::string& dir) {
   train::TrainerParts p = train::make_trainer_parts(c, c10::Device(c10::kCPU), dir);
   p.monitor = memory::make_memory_monitor(c10::Device(c10::kCPU));
   return p;
+}
+
+// A config file holding `overrides` (what `trainer train --config` reads).
+inline std::string config_file(const std::string& dir, const std::vector<std::string>& overrides) {
+  const std::string path = dir + "/run.yaml";
+  write_bytes(path, config_to_yaml(load_config("", overrides)));
+  return path;
+}
+
+// Starts `trainer args` in the background with its output in `log`.
+inline pid_t spawn_trainer(const std::string& args, const std::string& log) {
+  const std::string cmd = "exec " + std::string(HEADROOM_TRAINER) + " " + args + " >> " + log + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+inline bool wait_for_file(const std::string& path, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (std::filesystem::exists(path)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+inline int wait_exit_code(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The raw (non-EMA) model and the EMA model of a checkpoint.
+inline std::pair<models::Detector, models::Detector> checkpoint_models(const std::string& path) {
+  models::LoadedWeights w = models::load_weights(path, c10::Device(c10::kCPU));
+  models::ModelSpec spec;
+  spec.file = w.model->yaml_file();
+  spec.text = w.model->yaml_text();
+  spec.scale = w.model->scale();
+  spec.nc = w.model->info().nc;
+  models::Detector raw(spec);
+  torch::serialize::InputArchive root, ck, m;
+  models::load_archive_verified(root, path, c10::Device(c10::kCPU), "checkpoint");
+  root.read("checkpoint", ck);
+  ck.read("model", m);
+  raw->load(m);
+  return {raw, w.model};
+}
+
+inline bool same_tensors(torch::nn::Module& a, torch::nn::Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  const auto ba = a.named_buffers(), bb = b.named_buffers();
+  if (pa.size() != pb.size() || ba.size() != bb.size()) return false;
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (!at::equal(pa[i].value(), pb[i].value())) return false;
+  for (size_t i = 0; i < ba.size(); ++i)
+    if (!at::equal(ba[i].value(), bb[i].value())) return false;
+  return true;
+}
+
+// results.csv without the columns that measure time.
+inline std::vector<std::vector<std::string>> record_of(const std::string& csv) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(read_bytes(csv));
+  std::string line;
+  std::vector<bool> keep;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells, kept;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
+    if (keep.empty())
+      for (const auto& c : cells) keep.push_back(c.rfind("time/", 0) != 0 && c.rfind("speed/", 0) != 0);
+    for (size_t i = 0; i < cells.size(); ++i)
+      if (i < keep.size() && keep[i]) kept.push_back(cells[i]);
+    rows.push_back(kept);
+  }
+  return rows;
 }
 
 }  // namespace headroom::test

@@ -10,6 +10,8 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/run_dir.h"
 #include "headroom/core/text.h"
+#include "headroom/dist/group.h"
+#include "headroom/dist/launch.h"
 #include "headroom/memory/estimate.h"
 #include "headroom/memory/governor.h"
 #include "headroom/memory/starvation.h"
@@ -65,13 +67,40 @@ void add_train_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("train", "Train a detector (the default: `trainer --config C` means `trainer train --config C`)");
   static std::string config_path, resume;
   static std::vector<std::string> overrides;
+  static int nproc = 1;
   cmd->add_option("--config,-c", config_path, "Run config (YAML)");
+  cmd->add_option("--nproc", nproc,
+                  "Local worker processes training together (one per GPU, or CPU processes on Gloo); torchrun's "
+                  "environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is honoured without it")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("overrides", overrides, "key=value config overrides");
   auto* resume_opt = cmd->add_option("--resume", resume,
                                      "Continue a run: a checkpoint file, or auto (the newest loadable checkpoint of "
                                      "project/name*; the default when the flag has no value)")
                          ->expected(0, 1);
   cmd->callback([&exit_code, resume_opt] {
+    const dist::WorldInfo world = dist::world_from_env();
+    if (nproc > 1) {
+      if (world.distributed())
+        throw InputError("--nproc " + std::to_string(nproc) + " inside a distributed launch (WORLD_SIZE=" + std::to_string(world.world) +
+                         "): drop --nproc; torchrun already started the workers");
+      std::vector<std::string> args;  // this command line, without --nproc
+      const std::vector<std::string>& all = program_args();
+      for (size_t i = 1; i < all.size(); ++i) {
+        if (all[i] == "--nproc") {
+          ++i;
+          continue;
+        }
+        if (all[i].rfind("--nproc=", 0) == 0) continue;
+        args.push_back(all[i]);
+      }
+      exit_code = dist::launch_local(all.front(), args, dist::LaunchOptions().nproc(nproc));
+      return;
+    }
+    if (world.distributed() && world.rank > 0) {
+      // Rank 0 speaks for the run; the others report warnings and errors only, with their rank.
+      spdlog::default_logger()->set_pattern("%^%L%$ %H:%M:%S [rank " + std::to_string(world.rank) + "] %v");
+    }
     Config c;
     std::string checkpoint, run_dir;
     if (resume_opt->count() > 0) {
@@ -102,20 +131,39 @@ void add_train_command(CLI::App& app, int& exit_code) {
                          (fs::path(base.project) / base.name).string() + "; drop project=/name=, or resume with --resume auto "
                          "to pick that run's newest checkpoint");
       c = resume_config(checkpoint, run_dir, rest);
-      add_log_file((fs::path(run_dir) / "train.log").string());
+      if (world.rank == 0) add_log_file((fs::path(run_dir) / "train.log").string());
     } else {
       if (config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
       c = load_run_config(config_path, overrides);
     }
-    const c10::Device device = run_device(c);
+    if (world.rank > 0 && spdlog::default_logger()->level() < spdlog::level::warn) spdlog::default_logger()->set_level(spdlog::level::warn);
+    c10::Device device = run_device(c);
+    if (world.distributed() && device.is_cuda()) {
+      if (c.device != "auto" && c.device != "cuda")
+        throw InputError(c.where("device") + ": device " + c.device + " on " + std::to_string(world.world) + " processes: each rank "
+                         "takes cuda:LOCAL_RANK; set device=cuda (or auto)");
+      device = c10::Device(c10::kCUDA, c10::DeviceIndex(world.local_rank));
+    }
     memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
+    std::shared_ptr<dist::Group> group;
+    if (world.distributed())
+      group = std::make_shared<dist::Group>(world, dist::GroupOptions().backend(c.distributed.backend).timeout(c.distributed.timeout),
+                                            device);
     std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
     const int64_t budget = memory::resolve_budget(c.memory.budget, *monitor);
     auto train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     std::shared_ptr<memory::RecomputePlanner> planner;
     int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
     if (c.train.batch_auto) {
-      const memory::AutoBatch a = memory::choose_batch(c, train_split, *monitor, budget);
+      memory::AutoBatch a = memory::choose_batch(c, train_split, *monitor, budget);
+      if (group) {
+        // The smallest choice of any rank; each loads its share of the step's images.
+        for (const auto& v : group->all_gather({double(a.batch)}, "the ranks' train.batch auto choice"))
+          a.batch = std::min<int64_t>(a.batch, int64_t(v[0]));
+        const int64_t W = group->world();
+        a.step_batch = std::max<int64_t>(1, (a.step_batch + W - 1) / W);
+        a.batch = std::min(a.batch, a.step_batch);
+      }
       std::string tried;
       for (const auto& [b, peak] : a.tried)
         tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
@@ -135,8 +183,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
     }
     if (c.memory.activation_checkpointing == "auto" && !planner)
       planner = memory::make_recompute_planner(c, train_split, *monitor, budget);
-    if (run_dir.empty()) run_dir = open_run_dir(c);
-    train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c));
+    if (run_dir.empty()) run_dir = world.rank == 0 ? open_run_dir(c) : std::string();
+    if (group) run_dir = group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
+    train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c), group);
     parts.monitor = monitor;
     train::Trainer trainer(std::move(parts));
     monitor->set_limit(budget);  // enforced with or without recovery
@@ -146,11 +195,12 @@ void add_train_command(CLI::App& app, int& exit_code) {
       governor->set_micro_batch(micro);
       trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
     }
-    if (trainer.options().batch() * trainer.accumulate() != c.train.nominal_batch)
-      spdlog::info("train.batch {} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
+    const int64_t per_step = trainer.options().batch() * trainer.world() * trainer.accumulate();
+    if (per_step != c.train.nominal_batch)
+      spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
                    "divides it, or train.batch=auto, makes it exact)",
-                   trainer.options().batch(), trainer.accumulate(), trainer.options().batch() * trainer.accumulate(),
-                   c.train.nominal_batch);
+                   trainer.options().batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
+                   trainer.accumulate(), per_step, c.train.nominal_batch);
     trainer.register_hook(std::move(governor));
     trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
     train::register_default_hooks(trainer, c);

@@ -67,12 +67,19 @@ int64_t Loader::batches_in(int64_t images, int64_t batch, bool drop_last, int64_
 }
 
 int64_t Loader::batches_per_epoch() const {
-  return batches_in(static_cast<int64_t>(split_->samples.size()), options_.batch(), options_.drop_last(), options_.min_batch());
+  const int64_t W = options_.world();
+  return batches_in(static_cast<int64_t>(split_->samples.size()), options_.batch() * W, options_.drop_last(), options_.min_batch() * W);
 }
 
-int64_t Loader::batch_size(int64_t batch) const {
-  const int64_t n = static_cast<int64_t>(split_->samples.size()), B = options_.batch();
-  return std::min(B, n - batch * B);
+int64_t Loader::global_size(int64_t batch) const {
+  const int64_t n = static_cast<int64_t>(split_->samples.size()), G = int64_t(options_.batch()) * options_.world();
+  return std::min(G, n - batch * G);
+}
+
+std::pair<int64_t, int64_t> Loader::share(int64_t batch) const {
+  const int64_t W = options_.world(), r = options_.rank(), g = global_size(batch);
+  const int64_t start = batch * int64_t(options_.batch()) * W + r * (g / W) + std::min(r, g % W);
+  return {start, g / W + (r < g % W ? 1 : 0)};
 }
 
 void Loader::stop_workers() {
@@ -115,6 +122,8 @@ Loader::Pending& Loader::pending_for(int64_t batch) {
   p.batch.meta.resize(static_cast<size_t>(bs));
   p.batch.epoch = epoch_;
   p.batch.index = batch;
+  p.batch.global_size = global_size(batch);
+  p.batch.largest_share = (p.batch.global_size + options_.world() - 1) / options_.world();
   p.boxes.resize(static_cast<size_t>(bs));
   p.remaining = bs;
   return pending_.emplace(batch, std::move(p)).first->second;
@@ -183,19 +192,21 @@ void Loader::worker_loop() {
   const int64_t B = options_.batch();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    const int64_t total = std::min(end_batch_ * B, static_cast<int64_t>(order_.size()));
+    // Tasks are numbered batch * B + slot; slots beyond this rank's share of a batch are none.
+    while (next_task_ < end_batch_ * B && next_task_ % B >= batch_size(next_task_ / B)) next_task_ = (next_task_ / B + 1) * B;
     work_cv_.wait(lock, [&] {
-      return stop_ || !retry_.empty() || (next_task_ < total && next_task_ / B < cursor_ + options_.prefetch());
+      return stop_ || !retry_.empty() || (next_task_ < end_batch_ * B && next_task_ / B < cursor_ + options_.prefetch());
     });
     if (stop_) return;
-    int64_t pos;
+    int64_t task;
     if (!retry_.empty()) {
-      pos = retry_.front();
+      task = retry_.front();
       retry_.pop_front();
     } else {
-      pos = next_task_++;
+      task = next_task_++;
+      if (task % B >= batch_size(task / B)) continue;
     }
-    const int64_t batch = pos / B, slot = pos % B;
+    const int64_t batch = task / B, slot = task % B, pos = share(batch).first + slot;
     // Everything that allocates sits inside the try: an error here reaches the consumer, and a
     // thread that threw would end the process.
     std::exception_ptr error;
@@ -227,7 +238,7 @@ void Loader::worker_loop() {
       oom = is_out_of_memory(e);
     } catch (...) {
     }
-    if (oom) failed_.push_back(pos);
+    if (oom) failed_.push_back(task);
     if (!error_ || (error_is_oom_ && !oom)) {  // a real error outranks an out-of-memory one
       error_ = error;
       error_is_oom_ = oom;
@@ -247,7 +258,8 @@ std::optional<HostBatch> Loader::next() {
       std::lock_guard<std::mutex> lock(mutex_);
       p = &pending_for(cursor_);
     }
-    for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, cursor_, slot, cursor_ * options_.batch() + slot);
+    const int64_t first = share(cursor_).first;
+    for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, cursor_, slot, first + slot);
     collate(p->batch, p->boxes, options_.pin_memory());
     std::lock_guard<std::mutex> lock(mutex_);
     batch = std::move(p->batch);

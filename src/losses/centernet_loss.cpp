@@ -93,6 +93,8 @@ class CenterNetLoss : public DetectionLoss {
     return at::stack({ct.heatmap.eq(1).sum(), ct.mask.sum()}).to(at::kFloat);
   }
 
+  int64_t count_terms() const override { return 2; }
+
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& heat = outputs.at("heatmap");
     const auto& size = outputs.at("size");

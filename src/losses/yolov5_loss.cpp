@@ -36,6 +36,8 @@ class Yolov5Loss : public DetectionLoss {
     return at::stack(n);
   }
 
+  int64_t count_terms() const override { return 2 * int64_t(info_.strides.size()); }
+
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& preds = outputs.at("pred");  // [B, na, H, W, 5 + nc] per level
     const int64_t nl = static_cast<int64_t>(preds.size()), B = preds[0].size(0), na = preds[0].size(1);

@@ -20,7 +20,11 @@ int64_t bytes_of(const std::vector<at::Tensor>& v) {
   return n;
 }
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+std::string text_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
 }  // namespace
 
 GovernorOptions governor_options(const Config& c, int64_t budget) {
@@ -78,6 +82,8 @@ int64_t Governor::micro_batch(const train::Trainer& t) const {
 void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batches) {
   std::vector<at::Tensor> snapshot;  // BatchNorm statistics as the step found them
   for (;;) {
+    std::string error;                 // this rank's failure (first line)
+    MemoryFailure kind = MemoryFailure::none;
     try {
       if (snapshot.empty()) {  // inside the try: the copy itself may hit the budget
         at::NoGradGuard no_grad;
@@ -88,7 +94,11 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       const train::StepInput in = t.prepare_step(batches);
       const int64_t micro = micro_batch(t);
       for (size_t b = 0; b < in.batches.size(); ++b) {
-        const std::vector<int64_t> parts = split(in.batches[b].images.size(0), micro, least(t));
+        // Parts cut from the largest share of the batch any rank has: the same count on every
+        // rank (SyncBatchNorm exchanges once per part).
+        const int64_t n = in.batches[b].images.size(0), largest = std::max<int64_t>(batches[b].largest_share, n);
+        std::vector<int64_t> parts = split(largest, micro, least(t));
+        if (largest != n) parts = split(n, (n + int64_t(parts.size()) - 1) / int64_t(parts.size()), 1);
         apply_plan(t, in.batches[b].images.size(2), parts.front());
         int64_t start = 0;
         for (int64_t m : parts) {
@@ -96,22 +106,47 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
           start += m;
         }
       }
-      t.update();
-      return;
     } catch (const c10::Error& e) {
-      const MemoryFailure kind = memory_failure(e);
+      kind = memory_failure(e);
       if (kind == MemoryFailure::none) throw;
-      // Undo the attempt: the graph unwound with the exception; gradients and the BatchNorm
-      // statistics the failed forward updated go back to where the step began.
-      t.discard_gradients();
-      {
-        at::NoGradGuard no_grad;
-        const std::vector<at::Tensor> live = t.model().buffers();
-        for (size_t i = 0; i < snapshot.size(); ++i) live[i].copy_(snapshot[i]);  // empty: it failed before changing any
-      }
-      climb(t, e, kind);
-      monitor(t).reset_peak();  // the step's memory is that of the attempt that succeeds
+      error = first_line(e.what_without_backtrace());
+      t.abandon_step();  // the device exchange this rank skipped, so that no rank waits on it
     }
+    // Every rank learns here whether any failed (one process: only itself), before the update.
+    const train::StepAgreement a = t.agree_step(kind != MemoryFailure::none, !pressure_.empty());
+    if (a.failed.empty()) {
+      try {
+        t.update();  // atomic: an out-of-memory error inside leaves every group untouched
+        if (!a.pressed.empty()) {
+          shrink(t, pressure_.empty() ? "memory pressure on rank " + text_list(a.pressed) : pressure_);
+          pressure_.clear();
+        }
+        return;
+      } catch (const c10::Error& e) {
+        kind = memory_failure(e);
+        if (kind == MemoryFailure::none) throw;
+        if (t.world() > 1)  // the others have taken the step: this rank cannot take it again alone
+          throw Error("rank " + std::to_string(t.rank()) + ": out of memory in the optimizer update of step " +
+                      std::to_string(t.state().step + 1) + ", after the gradients were exchanged; the last checkpoint is intact. "
+                      "Lower train.batch or raise memory.budget. " + first_line(e.what_without_backtrace()));
+        error = first_line(e.what_without_backtrace());
+      }
+    }
+    // Undo the attempt: the graph unwound with the exception; gradients and the BatchNorm
+    // statistics the failed forward updated go back to where the step began.
+    t.discard_gradients();
+    {
+      at::NoGradGuard no_grad;
+      const std::vector<at::Tensor> live = t.model().buffers();
+      for (size_t i = 0; i < snapshot.size(); ++i) live[i].copy_(snapshot[i]);  // empty: it failed before changing any
+    }
+    // Every rank climbs the same rung: the ladder's state is the same on all of them.
+    if (error.empty()) {
+      kind = MemoryFailure::out_of_memory;
+      error = "out of memory on rank " + text_list(a.failed);
+    }
+    climb(t, error, kind);
+    monitor(t).reset_peak();  // the step's memory is that of the attempt that succeeds
   }
 }
 
@@ -181,12 +216,20 @@ void Governor::after_step(train::Trainer& t) {
   last_retries_ = s.alloc_retries;
   if (!o_.recover()) return;
   const int64_t m = micro_batch(t), floor = least(t);
+  // Several ranks shrink together: the reason waits for the next step's agreement (run).
+  const auto press = [&](const std::string& reason) {
+    if (t.world() > 1)
+      pressure_ = "rank " + std::to_string(t.rank()) + ": " + reason;
+    else
+      shrink(t, reason);
+  };
   if (o_.budget() > 0 && s.peak_allocated > usable && m > floor) {
-    shrink(t, "step peak " + format_bytes(double(s.peak_allocated)) + " crossed budget - headroom " + format_bytes(double(usable)));
+    press("step peak " + format_bytes(double(s.peak_allocated)) + " crossed budget - headroom " + format_bytes(double(usable)));
   } else if (retry_run_ >= o_.retry_steps() && m > floor) {
-    shrink(t, "the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
+    press("the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
-  } else if (o_.grow_after() > 0 && m < t.options().batch() && ++calm_steps_ >= o_.grow_after() && s.peak_allocated * 2 < usable) {
+  } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.options().batch() && ++calm_steps_ >= o_.grow_after() &&
+             s.peak_allocated * 2 < usable) {
     const int64_t next = std::min<int64_t>(m * 2, t.options().batch());
     micro_ = next;
     record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
@@ -233,13 +276,12 @@ bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite sit
     record(t, "validation batch " + std::to_string(b) + " -> " + std::to_string(b / 2), "out of memory: " + first_line(e.what_without_backtrace()));
     return true;
   }
-  climb(t, e, memory_failure(e));  // the loader: less memory for the step leaves more for its buffers
+  climb(t, first_line(e.what_without_backtrace()), memory_failure(e));  // the loader: less memory for the step leaves more for its buffers
   return true;
 }
 
-void Governor::climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind) {
+void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure kind) {
   monitor(t).release_cache();
-  const std::string what = first_line(e.what_without_backtrace());
   const int64_t m = micro_batch(t);
   if (kind == MemoryFailure::library) {
     // Often an allocation failure in disguise: one smaller try each time; at the smallest
@@ -252,7 +294,7 @@ void Governor::climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind)
                 "(memory.governor is off)") + ": " + what + ". It is not an out-of-memory error the governor can work around: "
                 "check the CUDA / cuDNN installation, or set train.amp=off. The last checkpoint is intact.");
   }
-  if (!o_.recover()) give_up(t, e, "memory.governor is off");
+  if (!o_.recover()) give_up(t, what, "memory.governor is off");
   const std::string cause = "out of memory: " + what;
   if (m > least(t)) {
     shrink(t, cause);
@@ -270,11 +312,11 @@ void Governor::climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind)
     record(t, std::string("amp ") + to_string(t.amp()), cause + " " + floor + " with every stage recomputed");
     return;
   }
-  give_up(t, e, "nothing left to give up: micro-batch " + std::to_string(m) + ", every stage recomputed, amp " +
+  give_up(t, what, "nothing left to give up: micro-batch " + std::to_string(m) + ", every stage recomputed, amp " +
                     std::string(to_string(t.amp())));
 }
 
-void Governor::give_up(train::Trainer& t, const c10::Error& e, const std::string& why) {
+void Governor::give_up(train::Trainer& t, const std::string& what, const std::string& why) {
   const StaticMemory st = static_memory(t);
   const int64_t imgsz = o_.imgsz();
   const int64_t smaller = std::max<int64_t>(32, (imgsz * 3 / 4) / 32 * 32);
@@ -288,8 +330,7 @@ void Governor::give_up(train::Trainer& t, const c10::Error& e, const std::string
       t.state().step + 1, micro_batch(t), why, o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
       format_bytes(double(st.parameters)), format_bytes(double(st.gradients)), format_bytes(double(st.optimizer)),
       format_bytes(double(st.ema)), format_bytes(double(std::max(peak_so_far_, monitor(t).sample().peak_allocated))), smaller,
-      o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on",
-      first_line(e.what_without_backtrace())));
+      o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on", what));
 }
 
 Json Governor::save_state() const {

@@ -1,5 +1,7 @@
 #include "headroom/models/blocks.h"
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <ATen/ATen.h>
 #include <torch/nn/functional/pooling.h>
 
@@ -36,7 +38,49 @@ at::Tensor ConvBnImpl::forward(const at::Tensor& x) {
     g_flop_counter->add(double(y.numel()) * (double(w.size(1) * w.size(2) * w.size(3)) + (conv->bias.defined() ? 1 : 0)));
     if (bn) g_flop_counter->add(4.0 * double(y.numel()));
   }
-  return bn ? bn->forward(y) : y;
+  if (!bn) return y;
+  return sync_stats && is_training() ? sync_batch_norm(y, *bn, sync_stats) : bn->forward(y);
+}
+
+namespace {
+// sum over (N, H, W) of (x - m)^2 for a constant m [C]; saves only x (which the normalisation
+// keeps anyway) and m, and recomputes the difference in backward.
+struct CenteredSquareSum : public torch::autograd::Function<CenteredSquareSum> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& m) {
+    ctx->save_for_backward({x, m});
+    at::NoGradGuard no_grad;
+    return (x - m.view({1, -1, 1, 1})).square().sum({0, 2, 3});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& m = saved[1];
+    return {(x - m.view({1, -1, 1, 1})) * (2 * grads[0]).view({1, -1, 1, 1}), at::Tensor()};
+  }
+};
+}  // namespace
+
+at::Tensor sync_batch_norm(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const StatsSum& sum) {
+  const int64_t C = x.size(1);
+  const at::Tensor xf = x.to(at::kFloat);
+  // Two passes over every rank's images, as BatchNorm's own variance: the mean, then the sum of
+  // squared differences from it (one pass's E[x^2] - E[x]^2 loses digits where the mean is large).
+  // The variance's gradient does not depend on the mean's (the differences sum to zero), so the
+  // second pass takes it as a constant.
+  const at::Tensor first = sum(at::cat({xf.sum({0, 2, 3}), at::full({1}, double(x.numel() / C), xf.options())}));  // [C + 1]
+  const at::Tensor n = first.narrow(0, C, 1);
+  const at::Tensor mean = first.narrow(0, 0, C) / n;
+  const at::Tensor var = sum(CenteredSquareSum::apply(xf, mean.detach())) / n;  // biased, as the normalisation uses
+  {
+    at::NoGradGuard no_grad;
+    const double m = bn.options.momentum().value_or(0.1);
+    bn.running_mean.mul_(1 - m).add_(mean.detach() * m);
+    bn.running_var.mul_(1 - m).add_(var.detach() * (n / (n - 1).clamp_min(1)) * m);
+    bn.num_batches_tracked.add_(1);
+  }
+  const at::Tensor scale = bn.weight * at::rsqrt(var + bn.options.eps());  // [C]
+  const at::Tensor shift = bn.bias - mean * scale;
+  return (xf * scale.view({1, C, 1, 1}) + shift.view({1, C, 1, 1})).to(x.scalar_type());
 }
 
 void ConvBnImpl::fuse() {

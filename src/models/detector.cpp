@@ -411,6 +411,11 @@ void DetectorImpl::fuse() {
     if (auto* cb = dynamic_cast<ConvBnImpl*>(m.get())) cb->fuse();
 }
 
+void DetectorImpl::set_batchnorm_sync(const std::function<at::Tensor(const at::Tensor&)>& sum) {
+  for (const auto& m : modules())
+    if (auto* cb = dynamic_cast<ConvBnImpl*>(m.get())) cb->sync_stats = sum;
+}
+
 void DetectorImpl::set_channels_last(bool on) {
   channels_last_ = on;
   at::NoGradGuard no_grad;

@@ -106,8 +106,10 @@ class EvalHook : public Hook {
     if (t.state().last_eval_step == t.state().step) return;
     const std::optional<eval::CocoStats> s = t.validate();
     if (!s) return;
-    std::printf("%s", eval::format_coco_stats(*s, t.train_split().names).c_str());
-    std::fflush(stdout);
+    if (t.rank() == 0) {  // every rank has the gathered result; one prints it
+      std::printf("%s", eval::format_coco_stats(*s, t.train_split().names).c_str());
+      std::fflush(stdout);
+    }
     if (s->stats[0] > t.state().best_fitness) {
       t.state().best_fitness = s->stats[0];
       t.state().best_step = t.state().step;  // the checkpoint writer saves best.pt
@@ -150,10 +152,11 @@ class LogHook : public Hook {
       tb_ = std::make_unique<TensorBoardWriter>(t.run_dir());
     }
     const TrainerOptions& o = t.options();
-    spdlog::info("training {} ({} parameters) on {}: {} images, loader batch {} x {} accumulated = {} per step, {} steps per epoch, "
+    spdlog::info("training {} ({} parameters) on {}: {} images, loader batch {}{} x {} accumulated = {} per step, {} steps per epoch, "
                  "{} epochs = {} steps; {} with lr0 {}, {} schedule; amp {}; EMA {}",
                  t.model().yaml_file(), t.model().parameter_count(), t.device().str(), t.train_split().samples.size(), o.batch(),
-                 t.accumulate(), o.batch() * t.accumulate(), t.steps_per_epoch(), t.epochs(), t.total_steps(),
+                 t.world() > 1 ? fmt::format(" x {} ranks", t.world()) : "", t.accumulate(), o.batch() * t.world() * t.accumulate(),
+                 t.steps_per_epoch(), t.epochs(), t.total_steps(),
                  to_string(o.optimizer().kind()), o.schedule().lr0(), to_string(o.schedule().kind()), to_string(t.amp()),
                  t.ema() ? "on" : "off");
     epoch_start_ = std::chrono::steady_clock::now();
@@ -291,7 +294,7 @@ class PlotHook : public Hook {
 class InterruptHook : public Hook {
  public:
   void after_step(Trainer& t) override {
-    if (!interrupt_requested() || t.state().stop) return;
+    if (!t.interrupt_agreed() || t.state().stop) return;
     t.state().stop = true;
     t.state().exit_code = kExitInterrupted;
     const std::string last = weights_path(t, "last.pt");
@@ -382,6 +385,7 @@ void register_default_hooks(Trainer& t, const Config& c) {
   t.register_hook(std::make_unique<NonFiniteGuard>(o.max_bad_steps));
   t.register_hook(std::make_unique<InterruptHook>());
   t.register_hook(std::make_unique<EvalHook>(o.val_every, o.val_every_steps));
+  if (t.rank() > 0) return;  // rank 0 alone writes logs, results.csv, TensorBoard, plots and checkpoints
   t.register_hook(std::make_unique<LogHook>());
   if (o.plots) t.register_hook(std::make_unique<PlotHook>());
   t.register_hook(std::make_unique<CheckpointHook>(o.save_every_steps, o.keep));

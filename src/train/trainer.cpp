@@ -16,6 +16,7 @@
 #include "headroom/models/weights.h"
 #include "headroom/models/weights_import.h"
 #include "headroom/train/checkpoints.h"
+#include "headroom/train/hooks.h"
 
 namespace headroom::train {
 
@@ -52,7 +53,8 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .ema_tau(t.ema_tau)
       .read_every(t.log_every)
       .keep_first_batch(t.plots)
-      .config_yaml(config_to_yaml(c));
+      .config_yaml(config_to_yaml(c))
+      .sync_bn(c.distributed.sync_bn);
 }
 
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
@@ -67,7 +69,7 @@ std::vector<std::pair<std::string, double>> StepCounters::losses() const {
 
 RunLength run_length(const TrainerOptions& o, int64_t batches_per_epoch) {
   RunLength r;
-  r.accumulate = accumulation_steps(o.nominal_batch(), o.batch());
+  r.accumulate = accumulation_steps(o.nominal_batch(), o.batch() * o.world());
   r.steps_per_epoch = (batches_per_epoch + r.accumulate - 1) / r.accumulate;
   r.total_steps = o.steps() > 0 ? o.steps() : o.epochs() * r.steps_per_epoch;
   r.epochs = (r.total_steps + r.steps_per_epoch - 1) / r.steps_per_epoch;
@@ -85,14 +87,20 @@ std::shared_ptr<const data::Split> load_val_split(const Config& c) {
 }
 
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
-                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val) {
+                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val,
+                                std::shared_ptr<dist::Group> group) {
   TrainerParts p;
   p.options = trainer_options(c, device);
   p.device = device;
   p.run_dir = run_dir;
   p.train_split = std::move(train);
   p.val_split = std::move(val);
+  p.group = std::move(group);
   p.loader = data::loader_options(c, *p.train_split, /*training=*/true, device.is_cuda());
+  if (p.group) {
+    p.options.world(p.group->world());
+    p.loader.rank(p.group->rank()).world(p.group->world());
+  }
   const int64_t nc = int64_t(p.train_split->names.size());
   at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
   p.model = models::build_detector(c, nc);
@@ -130,8 +138,9 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
   if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
   p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
   if (augment::enabled(c.augment)) {
-    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch(), p.loader.drop_last(),
-                                                     p.loader.min_batch());
+    const int64_t W = p.loader.world();
+    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch() * W,
+                                                     p.loader.drop_last(), p.loader.min_batch() * W);
     p.augmenter = std::make_unique<augment::Augmenter>(
         augment::augmenter_options(c, p.model->info().input_multiple, run_length(p.options, batches).epochs));
   }
@@ -148,13 +157,26 @@ Trainer::Trainer(TrainerParts parts)
       model_(std::move(parts.model)),
       loss_(std::move(parts.loss)),
       augmenter_(std::move(parts.augmenter)),
-      monitor_(std::move(parts.monitor)) {
+      monitor_(std::move(parts.monitor)),
+      group_(std::move(parts.group)) {
   TORCH_CHECK(loss_, "TrainerParts without a loss");
+  TORCH_CHECK((group_ ? group_->world() : 1) == options_.world(), "TrainerOptions::world differs from the group's");
+  if (group_) {
+    // Every rank starts from rank 0's weights and statistics (its init_from or its seed).
+    std::vector<at::Tensor> state = model_->parameters();
+    for (const auto& b : model_->buffers()) state.push_back(b);
+    {
+      at::NoGradGuard no_grad;
+      group_->broadcast(state, "rank 0's initial weights");
+    }
+    if (options_.sync_bn()) model_->set_batchnorm_sync(dist::differentiable_sum(*group_));
+  }
   loader_ = std::make_unique<data::Loader>(train_split_, parts.loader);
   const int64_t nb = loader_->batches_per_epoch();
   length_ = run_length(options_, nb);
   // Ultralytics scales the decay with the images per step relative to the nominal batch.
-  const double decay = options_.weight_decay() * double(options_.batch() * length_.accumulate) / double(options_.nominal_batch());
+  const double decay =
+      options_.weight_decay() * double(options_.batch() * options_.world() * length_.accumulate) / double(options_.nominal_batch());
   optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay), options_.optimizer());
   ScheduleOptions schedule = options_.schedule();
   schedule.total_steps(length_.total_steps).warmup_steps(warmup_steps(options_.warmup_epochs(), nb, length_.accumulate));
@@ -176,6 +198,18 @@ Trainer::Trainer(TrainerParts parts)
   for (const auto& g : optimizer_->groups()) cause_names_.push_back("non-finite gradients in parameter group '" + g.name + "'");
   cause_rank_ = at::arange(int64_t(cause_names_.size()), 0, -1, fopt);
   readback_ = at::zeros({6 + int64_t(loss_names_.size())}, fopt);
+  count_terms_ = loss_->count_terms();
+  if (group_) {
+    int64_t numel = 0, largest = 0;
+    for (const auto& p : model_->parameters())
+      if (p.requires_grad()) {
+        numel += p.numel();
+        largest = std::max(largest, p.numel());
+      }
+    for (const auto& b : model_->buffers()) largest = std::max(largest, b.numel());
+    // 16 MiB (or the largest parameter), made before any step: the exchange allocates nothing.
+    grad_bucket_ = at::empty({std::min(numel, std::max<int64_t>(largest, int64_t(1) << 22))}, fopt);
+  }
   model_->train();
   register_state();
 }
@@ -245,7 +279,7 @@ void Trainer::run_step() {
   if (monitor_) monitor_->reset_peak();
   (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
   if (monitor_) step_memory_ = monitor_->sample();  // host-side counters: no sync
-  for (const auto& b : batches) state_.images += b.size();
+  for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank
   state_.batch += int64_t(batches.size());
   ++state_.step;
   ++window_steps_;
@@ -280,6 +314,7 @@ std::vector<data::HostBatch> Trainer::next_batches() {
 }
 
 StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
+  counts_exchanged_ = false;
   StepInput in;
   std::vector<at::Tensor> counts;
   for (const data::HostBatch& batch : batches) {
@@ -304,7 +339,13 @@ StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
     in.batches.push_back(std::move(b));
   }
   if (!counts.empty()) in.norm.counts = at::stack(counts).sum(0);  // the whole step's, before any backward
-  in.norm.images = in.images;
+  if (group_ && count_terms_ > 0) {
+    TORCH_CHECK(in.norm.counts.defined() && in.norm.counts.numel() == count_terms_, "the loss's counts have ", count_terms_, " terms");
+    group_->all_reduce_sum(in.norm.counts, "the loss normalisers of step " + std::to_string(state_.step + 1));
+  }
+  counts_exchanged_ = true;
+  in.norm.images = 0;  // over every rank: the loader knows each batch's whole size
+  for (const data::HostBatch& batch : batches) in.norm.images += batch.global_size > 0 ? batch.global_size : batch.size();
   step_items_ = at::Tensor();
   step_deferred_ = at::Tensor();
   notify(StepPhase::input);
@@ -347,6 +388,7 @@ void Trainer::forward_backward(const StepInput& in, size_t batch, int64_t start,
 
 void Trainer::update() {
   at::NoGradGuard no_grad;
+  if (group_) reduce_gradients();
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   const std::vector<at::Tensor> grads = optimizer_->grads();
   at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);
@@ -397,6 +439,98 @@ void Trainer::discard_gradients() {
   step_deferred_ = at::Tensor();
 }
 
+StepAgreement Trainer::agree_step(bool failed, bool pressed) {
+  StepAgreement a;
+  const bool stop = interrupt_requested();
+  if (!group_) {
+    if (failed) a.failed.push_back(0);
+    if (pressed) a.pressed.push_back(0);
+    a.interrupt = stop;
+    return a;
+  }
+  const auto all = group_->all_gather({failed ? 1.0 : 0.0, pressed ? 1.0 : 0.0, stop ? 1.0 : 0.0},
+                                      "the ranks' agreement before step " + std::to_string(state_.step + 1) + "'s update");
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r][0] > 0) a.failed.push_back(int(r));
+    if (all[r][1] > 0) a.pressed.push_back(int(r));
+    a.interrupt = a.interrupt || all[r][2] > 0;
+  }
+  interrupt_agreed_ = a.interrupt;  // every rank stops after the same step
+  counts_exchanged_ = false;         // the next attempt exchanges again
+  return a;
+}
+
+void Trainer::abandon_step() {
+  if (!group_ || counts_exchanged_ || count_terms_ == 0) return;
+  at::Tensor zeros = at::zeros({count_terms_}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  group_->all_reduce_sum(zeros, "the loss normalisers of step " + std::to_string(state_.step + 1) + " (an attempt this rank abandoned)");
+  counts_exchanged_ = true;
+}
+
+void Trainer::reduce_gradients() {
+  // Each rank's gradients are of its images' share of a loss normalised over the whole step
+  // (prepare_step's exchange), so the step's gradient is their sum. A prediction-dependent
+  // normaliser is summed here, each rank's gradients brought from its own to the total.
+  const std::string step = " of step " + std::to_string(state_.step + 1);
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const int64_t T = int64_t(loss_names_.size());
+  const bool deferred = step_deferred_.defined();
+  at::Tensor sums = at::zeros({T + 1}, fopt);  // [T + 1] the step's loss terms, then its deferred normaliser
+  if (step_items_.defined()) sums.narrow(0, 0, T).copy_(step_items_);
+  if (deferred) sums.narrow(0, T, 1).copy_(step_deferred_.reshape({1}));
+  const at::Tensor own = deferred ? step_deferred_.clamp_min(1) : at::Tensor();
+  group_->all_reduce_sum(sums, "the loss terms" + step);
+  step_items_ = sums.narrow(0, 0, T);
+  if (deferred) step_deferred_ = sums.narrow(0, T, 1).reshape({});
+  const at::Tensor rescale_in = own, rescale_out = deferred ? step_deferred_.clamp_min(1).reciprocal() : at::Tensor();
+  // Every trainable parameter takes part, in the same order on every rank, gradient or not.
+  std::vector<at::Tensor> grads;
+  for (const auto& g : optimizer_->groups())
+    for (const auto& p : g.params) {
+      if (!p.requires_grad()) continue;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+  sum_in_buckets(grads, rescale_in, rescale_out, "the gradients" + step);
+  if (!options_.sync_bn()) {
+    // Each rank's BatchNorm ran on its own images: the running statistics are averaged, so that
+    // every rank (and its EMA, which validates a shard) holds the same ones.
+    std::vector<at::Tensor> stats;
+    for (const auto& b : model_->buffers())
+      if (b.is_floating_point()) stats.push_back(b);
+    if (!stats.empty())
+      sum_in_buckets(stats, at::Tensor(), at::full({}, 1.0 / double(group_->world()), fopt), "the BatchNorm statistics" + step);
+  }
+}
+
+void Trainer::sum_in_buckets(const std::vector<at::Tensor>& tensors, const at::Tensor& scale_in, const at::Tensor& scale_out,
+                             const std::string& what) {
+  // Through the bucket made at construction: nothing is allocated on the device here.
+  const int64_t cap = grad_bucket_.numel();
+  size_t first = 0;
+  while (first < tensors.size()) {
+    size_t last = first;
+    int64_t used = 0;
+    while (last < tensors.size() && used + tensors[last].numel() <= cap) used += tensors[last++].numel();
+    TORCH_CHECK(last > first, "a tensor of ", tensors[first].numel(), " elements is larger than the exchange bucket");
+    at::Tensor bucket = grad_bucket_.narrow(0, 0, used);
+    int64_t at = 0;
+    for (size_t i = first; i < last; ++i) {
+      bucket.narrow(0, at, tensors[i].numel()).view(tensors[i].sizes()).copy_(tensors[i]);
+      at += tensors[i].numel();
+    }
+    if (scale_in.defined()) bucket.mul_(scale_in);
+    group_->all_reduce_sum(bucket, what);
+    if (scale_out.defined()) bucket.mul_(scale_out);
+    at = 0;
+    for (size_t i = first; i < last; ++i) {
+      tensors[i].copy_(bucket.narrow(0, at, tensors[i].numel()).view(tensors[i].sizes()));
+      at += tensors[i].numel();
+    }
+    first = last;
+  }
+}
+
 void Trainer::notify(StepPhase phase) {
   each_hook([&](Hook& h) { h.after_phase(*this, phase); });
 }
@@ -441,14 +575,27 @@ void Trainer::read_counters() {
 
 std::optional<eval::CocoStats> Trainer::validate() {
   if (!val_split_) return std::nullopt;
-  if (!val_cache_) val_cache_ = data::open_cache(*val_split_, validation_.loader);  // decoded once per run, not per pass
+  if (group_ && !val_shard_) {
+    // Rank r scores images r, r + world, ...; the image ids stay those of the whole split.
+    auto shard = std::make_shared<data::Split>(*val_split_);
+    shard->samples.clear();
+    for (size_t i = size_t(group_->rank()); i < val_split_->samples.size(); i += size_t(group_->world())) {
+      shard->samples.push_back(val_split_->samples[i]);
+      if (shard->samples.back().image_id < 0) shard->samples.back().image_id = int64_t(i);
+    }
+    val_shard_ = std::move(shard);
+  }
+  const std::shared_ptr<const data::Split>& split = group_ ? val_shard_ : val_split_;
+  if (!val_cache_) val_cache_ = data::open_cache(*split, validation_.loader);  // decoded once per run, not per pass
   std::optional<eval::ValidationResult> r;
   while (!r) {
     eval::ValidateOptions o = validation_;
     o.cache = val_cache_;
     if (state_.val_batch > 0) o.loader.batch(int(std::min<int64_t>(state_.val_batch, o.loader.batch())));
+    bool failed = false;
     try {
-      r = eval::validate(eval_model(), val_split_, o);
+      if (!split->samples.empty()) r = eval::validate(eval_model(), split, o);
+      else r.emplace();  // more ranks than val images
     } catch (const c10::Error& e) {
       if (!is_out_of_memory(e)) throw;
       if (state_.val_batch == 0) state_.val_batch = o.loader.batch();
@@ -458,11 +605,45 @@ std::optional<eval::CocoStats> Trainer::validate() {
         throw Error((memory_failure(e) == MemoryFailure::library ? "a cuDNN error persists in validation (batch "
                                                                   : "out of memory in validation (batch ") +
                     std::to_string(o.loader.batch()) + "); the last checkpoint is intact. " + e.what_without_backtrace());
+      failed = true;
+    }
+    if (group_) {
+      // A pass is redone on every rank when one failed, at the smallest batch any rank has.
+      const auto all = group_->all_gather({failed ? 1.0 : 0.0, double(state_.val_batch)}, "the ranks' validation outcome");
+      bool any = false;
+      for (const auto& v : all) {
+        any = any || v[0] > 0;
+        if (v[1] > 0 && (state_.val_batch == 0 || v[1] < double(state_.val_batch))) state_.val_batch = int64_t(v[1]);
+      }
+      if (any) r.reset();
     }
   }
+  if (group_) r->stats = gather_validation(*r);
   last_metrics_ = r->stats;
   state_.last_eval_step = state_.step;
   return r->stats;
+}
+
+eval::CocoStats Trainer::gather_validation(const eval::ValidationResult& mine) {
+  // [n, 7]: image id, category id, x, y, w, h, score of this rank's detections
+  at::Tensor rows = at::empty({int64_t(mine.detections.size()), 7}, at::kDouble);
+  double* v = rows.data_ptr<double>();
+  for (const auto& d : mine.detections) {
+    for (double x : {double(d.image_id), double(d.category_id), d.x, d.y, d.w, d.h, d.score}) *v++ = x;
+  }
+  const at::Tensor all = group_->all_gather_rows(rows, "the validation detections");
+  std::vector<eval::CocoBox> detections(size_t(all.size(0)));
+  const double* a = all.data_ptr<double>();
+  for (auto& d : detections) {
+    d.image_id = int64_t(a[0]);
+    d.category_id = int64_t(a[1]);
+    d.x = a[2], d.y = a[3], d.w = a[4], d.h = a[5], d.score = a[6];
+    d.area = d.w * d.h;
+    a += 7;
+  }
+  std::vector<int64_t> image_ids, category_ids;
+  const std::vector<eval::CocoBox> truth = eval::ground_truth_boxes(*val_split_, &image_ids, &category_ids);
+  return eval::coco_evaluate(truth, detections, image_ids, category_ids);
 }
 
 void Trainer::register_state() {
@@ -478,6 +659,7 @@ void Trainer::register_state() {
         j["best_step"] = state_.best_step;
         j["last_eval_step"] = state_.last_eval_step;
         j["val_batch"] = state_.val_batch;
+        j["world"] = options_.world();
         j["amp"] = to_string(amp_);
         Json metrics = Json::array();  // the latest validation: an epoch end still to do reports it
         if (last_metrics_)
@@ -490,6 +672,20 @@ void Trainer::register_state() {
         const auto num = [&](const char* k) { return int64_t(j.find(k)->as_number()); };
         state_.epoch = num("epoch");
         state_.batch = num("batch");
+        // Another world size: the position moves by images (loader batches are batch x world).
+        const int64_t saved_world = j.find("world") ? num("world") : 1;
+        if (saved_world != options_.world()) {
+          const int64_t nb_saved = data::Loader::batches_in(int64_t(train_split_->samples.size()), options_.batch() * saved_world,
+                                                            loader_->options().drop_last(), loader_->options().min_batch() * saved_world);
+          const int64_t done = state_.batch * options_.batch() * saved_world, per = options_.batch() * options_.world();
+          const int64_t moved = state_.batch >= nb_saved ? loader_->batches_per_epoch() : done / per;
+          if (state_.batch < nb_saved && done % per != 0)
+            spdlog::warn("resume on {} processes (the checkpoint ran on {}): epoch {} continues at image {}, not {} ({} images of it "
+                         "train again)", options_.world(), saved_world, state_.epoch + 1, moved * per, done, done - moved * per);
+          spdlog::info("resume on {} processes (the checkpoint ran on {}): loader batch {} of {} images is batch {} of {}", options_.world(),
+                       saved_world, state_.batch, options_.batch() * saved_world, moved, per);
+          state_.batch = moved;
+        }
         state_.step = num("step");
         state_.images = num("images");
         state_.best_fitness = j.find("best_fitness")->as_number();

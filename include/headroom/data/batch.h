@@ -26,7 +26,9 @@ struct HostBatch {
   at::Tensor content;     // [B, 4] float xyxy canvas pixels where the image lies (its letterbox)
   std::vector<ImageMeta> meta;
   int64_t epoch = 0;
-  int64_t index = 0;          // batch index within the epoch
+  int64_t index = 0;          // batch index within the epoch (of the global batch, on several ranks)
+  int64_t global_size = 0;    // images of this batch across all ranks (size() on one process)
+  int64_t largest_share = 0;  // the most images any rank has of it (parts are cut alike on every rank)
   double wait_seconds = 0;    // how long the consumer waited for this batch
 
   int64_t size() const { return static_cast<int64_t>(meta.size()); }

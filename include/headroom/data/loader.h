@@ -34,6 +34,12 @@ struct LoaderOptions {
   // train on it (BatchNorm over a 1x1 map needs 2 images; smallest_trainable_batch).
   TORCH_ARG(int64_t, min_batch) = 1;
   TORCH_ARG(int64_t, seed) = 0;
+  // Several processes (dist/): each epoch's order is the same on every rank and cut into global
+  // batches of batch x world images; rank r takes the r-th of `world` balanced shares of each,
+  // so every image is seen once per epoch across ranks. A last global batch with fewer than
+  // min_batch x world images is left out.
+  TORCH_ARG(int, rank) = 0;
+  TORCH_ARG(int, world) = 1;
   TORCH_ARG(bool, pin_memory) = false; // page-locked batches for async host-to-device copies
   TORCH_ARG(int64_t, max_pixels) = 89478485;
   TORCH_ARG(OnError, on_error) = OnError::skip;
@@ -70,8 +76,13 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  // Global batches (of batch x world images) per epoch: the same on every rank.
   int64_t batches_per_epoch() const;
   static int64_t batches_in(int64_t images, int64_t batch, bool drop_last, int64_t min_batch = 1);
+  // The images of global batch `batch` across ranks, and where this rank's share of it starts
+  // in the epoch's order and how many images it has.
+  int64_t global_size(int64_t batch) const;
+  std::pair<int64_t, int64_t> share(int64_t batch) const;
   // Positions the loader at batch `batch` of `epoch` and starts decoding from there.
   void start(int64_t epoch, int64_t batch = 0);
   // The next batch of the current epoch, or nullopt at its end.
@@ -100,7 +111,7 @@ class Loader {
   // Fills slot `slot` of `batch` (in `p`) from order position `pos`, skipping undecodable images.
   void fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos);
   Pending& pending_for(int64_t batch);  // requires mutex_
-  int64_t batch_size(int64_t batch) const;
+  int64_t batch_size(int64_t batch) const { return share(batch).second; }
 
   std::shared_ptr<const Split> split_;
   LoaderOptions options_;

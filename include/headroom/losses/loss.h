@@ -77,6 +77,8 @@ class DetectionLoss {
   // Count normalisers of one loader batch of `height` x `width` images, from its targets only
   // ([K] float on their device); empty when the loss has none.
   virtual at::Tensor counts(const Targets& targets, int64_t height, int64_t width) const;
+  // K, the length of counts() (0 = none): ranks exchange them before any backward.
+  virtual int64_t count_terms() const { return 0; }
   virtual LossTerms operator()(const models::HeadOutputs& outputs, const Targets& targets, const StepNorm& step) = 0;
 };
 

@@ -20,6 +20,9 @@
 //    CPU the budget bounds the process: what the process holds beyond its tensors and beyond
 //    what it held when training began (validation, the decoded cache, checkpoint writing) is
 //    taken off the tensors' limit, so growth there is counted, not added on top.
+//  - on several ranks it decides with the others (Trainer::agree_step before each update): an
+//    out-of-memory error on any rank makes every rank undo the attempt and climb the same rung;
+//    a pre-emptive shrink is voted and applies to all from the next step; no grow-back.
 // Every decision is logged with its reason and saved in checkpoints (its registry entry).
 // Register it first among the hooks: its after_step judges the step's own peak.
 #pragma once
@@ -86,8 +89,8 @@ class Governor final : public train::Hook, public train::StepExecutor {
   void record(train::Trainer& t, std::string action, std::string reason);
   void shrink(train::Trainer& t, const std::string& reason);
   // One rung of the ladder for an error in a step or the loader; throws when none is left.
-  void climb(train::Trainer& t, const c10::Error& e, MemoryFailure kind);
-  [[noreturn]] void give_up(train::Trainer& t, const c10::Error& e, const std::string& why);
+  void climb(train::Trainer& t, const std::string& what, MemoryFailure kind);
+  [[noreturn]] void give_up(train::Trainer& t, const std::string& what, const std::string& why);
   void apply_plan(train::Trainer& t, int64_t size, int64_t micro);
   MemoryMonitor& monitor(train::Trainer& t) const;
 
@@ -97,6 +100,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   bool recompute_all_ = false;   // the ladder's rung, over the plan
   std::vector<MemoryDecision> decisions_;
   std::vector<bool> plan_;       // the stages recomputed now
+  std::string pressure_;         // several ranks: why this rank asks to shrink at the next agreement
   std::set<std::pair<int64_t, int64_t>> plans_logged_;
   int64_t other_at_start_ = 0;  // host RSS beyond the tensors when training began
   int64_t other_growth_ = 0;    // CPU: its growth since, taken off the tensors' budget

@@ -4,6 +4,8 @@
 // counter work on.
 #pragma once
 
+#include <functional>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -30,8 +32,12 @@ struct ConvBnOptions {
   TORCH_ARG(double, bn_momentum) = 0.1;
 };
 
+// A differentiable sum over the processes of a run (dist::differentiable_sum).
+using StatsSum = std::function<at::Tensor(const at::Tensor&)>;
+
 // Conv2d followed by BatchNorm2d (no activation). fuse() folds the BatchNorm into the
-// convolution for inference.
+// convolution for inference. With `sync_stats` set, training-mode statistics are those of every
+// rank's images (SyncBatchNorm).
 class ConvBnImpl : public torch::nn::Module {
  public:
   explicit ConvBnImpl(const ConvBnOptions& o);
@@ -42,8 +48,14 @@ class ConvBnImpl : public torch::nn::Module {
   ConvBnOptions options;
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
+  StatsSum sync_stats;
 };
 TORCH_MODULE(ConvBn);
+
+// Training-mode BatchNorm whose batch statistics are summed by `sum` over processes, computed
+// in fp32 whatever x's dtype; updates bn's running statistics as BatchNorm2d does (unbiased
+// variance over every rank's count).
+at::Tensor sync_batch_norm(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const StatsSum& sum);
 
 // Ultralytics Conv: conv (no bias) + BN (eps 1e-3, momentum 0.03) + SiLU.
 struct ConvOptions {

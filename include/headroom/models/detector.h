@@ -119,6 +119,9 @@ class DetectorImpl : public torch::nn::Module {
   RecomputeMode recompute_mode() const { return recompute_; }
   // Folds every BatchNorm into its convolution (inference only; outputs equal within 1e-5).
   void fuse();
+  // SyncBatchNorm: every BatchNorm's training statistics summed by `sum` over the run's
+  // processes (null = each process its own).
+  void set_batchnorm_sync(const std::function<at::Tensor(const at::Tensor&)>& sum);
   // Keeps 4-D weights in channels_last and feeds the input that way.
   void set_channels_last(bool on);
   bool channels_last() const { return channels_last_; }

@@ -23,6 +23,7 @@
 #include "headroom/data/cache.h"
 #include "headroom/data/dataset.h"
 #include "headroom/data/loader.h"
+#include "headroom/dist/group.h"
 #include "headroom/eval/coco_eval.h"
 #include "headroom/eval/validate.h"
 #include "headroom/losses/loss.h"
@@ -37,6 +38,8 @@
 namespace headroom::train {
 
 class Trainer;
+
+bool interrupt_requested();  // Ctrl-C was pressed (train/hooks.h)
 
 // Points inside a step where hooks may look (the memory estimator reads the allocator there):
 // after the step's batches are on the device and augmented, and for every part after its
@@ -81,6 +84,8 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, read_every) = 10;      // steps between reads of the device counters (a host sync each)
   TORCH_ARG(bool, keep_first_batch) = true; // a host copy of the first augmented batch, for plots (a sync, once)
   TORCH_ARG(std::string, config_yaml) = ""; // the run's resolved config, stored in checkpoints for resume
+  TORCH_ARG(int64_t, world) = 1;            // processes training together; each loads `batch` images per loader batch
+  TORCH_ARG(bool, sync_bn) = false;         // BatchNorm statistics over every rank's images
 };
 // The train section (and the device's precision) as trainer options.
 TrainerOptions trainer_options(const Config& c, c10::Device device);
@@ -93,7 +98,8 @@ struct RunLength {
   int64_t epochs = 1;
 };
 RunLength run_length(const TrainerOptions& o, int64_t batches_per_epoch);
-// Loader batches summed per optimizer step: Ultralytics' max(round(nominal / batch), 1).
+// Loader batches summed per optimizer step: Ultralytics' max(round(nominal / batch), 1), where
+// batch is the images of one loader batch over all ranks.
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch);
 
 // Where the run stands. The loader cursor (epoch, batch) also says whether an epoch's end is
@@ -145,13 +151,23 @@ struct TrainerParts {
   std::unique_ptr<losses::DetectionLoss> loss;
   std::unique_ptr<augment::Augmenter> augmenter;  // null = no augmentation
   std::shared_ptr<MemoryMonitor> monitor;   // null = memory is not measured
+  std::shared_ptr<dist::Group> group;       // null = one process
 };
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir);
 // The config's val split, or null (with a warning) when the data set has none.
 std::shared_ptr<const data::Split> load_val_split(const Config& c);
 // The same with the splits already loaded (val may be null).
+// `group`: the run's processes (null = one); each loads its share of every batch.
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
-                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val);
+                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val,
+                                std::shared_ptr<dist::Group> group = nullptr);
+
+// What the ranks agreed before a step's update (Trainer::agree_step).
+struct StepAgreement {
+  std::vector<int> failed;   // ranks whose part of the step failed (an out-of-memory error)
+  std::vector<int> pressed;  // ranks whose memory asks for a smaller micro-batch
+  bool interrupt = false;    // a rank was asked to stop (Ctrl-C): every rank stops after this step
+};
 
 class Trainer {
  public:
@@ -180,6 +196,20 @@ class Trainer {
   // Drops what a failed attempt left: gradients (and the step's running sums, reset by the next
   // prepare_step). BatchNorm statistics are the executor's to restore.
   void discard_gradients();
+
+  // Several processes: the step's exchanges are the same on every rank and in each attempt —
+  // the loss normalisers in prepare_step (device), the agreement before the update (host), the
+  // gradients in update (device). A rank whose attempt failed calls abandon_step (the device
+  // exchange it skipped, with zeros), then agree_step(true): every rank learns of it there, and
+  // no rank waits on a collective another abandoned. One process: agree_step returns its own.
+  StepAgreement agree_step(bool failed, bool pressed);
+  void abandon_step();
+  dist::Group* group() const { return group_.get(); }
+  // Ctrl-C as the ranks agreed at the last step (one process: the signal itself), so every
+  // rank stops after the same step even when the signal reaches them at different moments.
+  bool interrupt_agreed() const { return group_ ? interrupt_agreed_ : interrupt_requested(); }
+  int rank() const { return group_ ? group_->rank() : 0; }
+  int64_t world() const { return options_.world(); }
 
   // Checkpoints: a weights file (the EMA, or the model without EMA) with the registry's entries
   // beside it. load restores everything; the loader restarts at the saved position.
@@ -238,6 +268,12 @@ class Trainer {
   void notify(StepPhase phase);
   void register_state();
   void set_amp(AmpMode m);
+  void reduce_gradients();
+  // Sums `tensors` in place over the ranks through grad_bucket_, each bucket times scale_in
+  // before and scale_out after (undefined = 1).
+  void sum_in_buckets(const std::vector<at::Tensor>& tensors, const at::Tensor& scale_in, const at::Tensor& scale_out,
+                      const std::string& what);
+  eval::CocoStats gather_validation(const eval::ValidationResult& mine);
   template <class F>
   void each_hook(F&& f) {
     for (auto& h : hooks_) f(*h);
@@ -259,6 +295,12 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<data::Loader> loader_;
   std::shared_ptr<MemoryMonitor> monitor_;
+  std::shared_ptr<dist::Group> group_;
+  std::shared_ptr<const data::Split> val_shard_;  // this rank's share of the val split (several ranks)
+  bool counts_exchanged_ = false;           // this attempt's normalisers went through the group
+  bool interrupt_agreed_ = false;
+  int64_t count_terms_ = 0;                 // K of the loss's counts
+  at::Tensor grad_bucket_;                  // [<= 4M] float: gradients all-reduced through it, made once
   std::vector<std::unique_ptr<Hook>> hooks_;
   DirectExecutor direct_;
   StepExecutor* executor_ = nullptr;

@@ -1,0 +1,386 @@
+// Several processes on c10d (Gloo, the CPU): the loader's shares, the trainer binary with
+// --nproc 2 against one process with the whole batch, a rank killed and the run resumed on one
+// process, and the memory governor shrinking every rank after an out-of-memory error on one
+// (this test binary started again as two ranks: DistributedWorker).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "headroom/core/errors.h"
+#include "headroom/data/loader.h"
+#include "headroom/dist/group.h"
+#include "headroom/memory/cpu_allocator.h"
+#include "headroom/memory/governor.h"
+#include "headroom/train/hooks.h"
+#include "headroom/train/trainer.h"
+#include "test_util.h"
+#include "train_util.h"
+
+using namespace headroom;
+using namespace headroom::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The overrides that make one optimizer step's result independent of how its images are spread
+// over ranks: plain SGD, no warmup, clipping, decay or EMA, no mosaic (its partners are the
+// rank's own images), BatchNorm synchronised.
+std::vector<std::string> exact_run(std::vector<std::string> extra, const std::string& model) {
+  std::vector<std::string> o = tiny_run({"train.optimizer=sgd", "train.momentum=0", "train.nesterov=false", "train.weight_decay=0",
+                                         "train.warmup_epochs=0", "train.clip_grad=0", "train.ema=false", "train.lr0=0.02",
+                                         "augment.mosaic=0", "distributed.sync_bn=true", "distributed.timeout=120"},
+                                        model);
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
+// A results.csv column by name, one value per row.
+std::vector<double> column(const std::string& csv, const std::string& name) {
+  const auto rows = record_of(csv);
+  std::vector<double> out;
+  if (rows.empty()) return out;
+  size_t k = 0;
+  while (k < rows[0].size() && rows[0][k] != name) ++k;
+  if (k == rows[0].size()) return out;
+  for (size_t i = 1; i < rows.size(); ++i) out.push_back(std::stod(rows[i][k]));
+  return out;
+}
+
+std::vector<at::Tensor> raw_weights(const std::string& checkpoint) {
+  auto [raw, ema] = checkpoint_models(checkpoint);
+  std::vector<at::Tensor> out = params_of(*raw);
+  for (const auto& b : raw->buffers())
+    if (b.is_floating_point()) out.push_back(b.clone());
+  return out;
+}
+
+// The child of `pid` whose environment says RANK=<rank>; -1 when none.
+pid_t child_with_rank(pid_t pid, int rank) {
+  std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  for (pid_t c; children >> c;) {
+    std::istringstream env(read_bytes("/proc/" + std::to_string(c) + "/environ"));
+    for (std::string entry; std::getline(env, entry, '\0');)
+      if (entry == "RANK=" + std::to_string(rank)) return c;
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST(Distributed, TheLoaderGivesEveryImageOfAnEpochToExactlyOneRank) {
+  const Config c = load_config("", tiny_run({}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  const int64_t n = int64_t(split->samples.size());
+  for (const int world : {2, 3}) {
+    for (const int64_t min_batch : {1, 2}) {
+      // The global batches of one process loading batch x world images, for comparison.
+      data::LoaderOptions whole = data::loader_options(c, *split, true, false);
+      whole.batch(4 * world).min_batch(min_batch * world).workers(1);
+      data::Loader one(split, whole);
+      one.start(1);
+      std::vector<std::vector<int64_t>> expected;
+      while (auto b = one.next()) {
+        std::vector<int64_t> ids;
+        for (const auto& m : b->meta) ids.push_back(m.index);
+        expected.push_back(ids);
+      }
+      std::vector<std::vector<int64_t>> got(expected.size());
+      std::multiset<int64_t> seen;
+      for (int r = 0; r < world; ++r) {
+        data::LoaderOptions o = data::loader_options(c, *split, true, false);
+        o.batch(4).min_batch(min_batch).workers(r % 2).rank(r).world(world);
+        data::Loader l(split, o);
+        ASSERT_EQ(l.batches_per_epoch(), int64_t(expected.size())) << "world " << world << " rank " << r;
+        l.start(1);
+        size_t k = 0;
+        while (auto b = l.next()) {
+          ASSERT_LT(k, got.size());
+          EXPECT_EQ(b->index, int64_t(k));
+          EXPECT_EQ(b->global_size, int64_t(expected[k].size()));
+          EXPECT_GE(b->size(), min_batch);
+          EXPECT_LE(b->size(), b->largest_share);
+          for (const auto& m : b->meta) {
+            got[k].push_back(m.index);
+            seen.insert(m.index);
+          }
+          ++k;
+        }
+        EXPECT_EQ(k, got.size());
+      }
+      // Rank by rank, each global batch is the single process's batch: the same images, in order.
+      EXPECT_EQ(got, expected) << "world " << world << " min_batch " << min_batch;
+      for (const int64_t id : seen) EXPECT_EQ(seen.count(id), 1u) << "image " << id << " seen twice, world " << world;
+      const int64_t last = n % (4 * world);
+      const int64_t dropped = last > 0 && last < min_batch * world ? last : 0;
+      EXPECT_EQ(int64_t(seen.size()), n - dropped) << "world " << world << " min_batch " << min_batch;
+    }
+  }
+}
+
+// The launcher, rank 0's record and the gathered validation: one step of `trainer train
+// --nproc 2` with SyncBatchNorm is one process's step with the whole batch. (Over more steps
+// BatchNorm in training mode on these tiny maps amplifies the reduction order's rounding, about
+// x100 per step: TwoRanksWithFrozenBatchNormTrainLikeOneRankOverEpochs holds the longer run.)
+TEST(Distributed, OneStepOfTwoRanksIsOneStepOfOneRankWithTwiceTheBatch) {
+  for (const char* model : {"yolov8.yaml", "centernet_csp.yaml"}) {
+    const std::string dir = temp_dir(std::string("dist-equal-") + model);
+    const auto run = [&](const std::string& name, int batch, int nproc) {
+      fs::create_directories(dir + "/" + name);
+      const std::string cfg = config_file(dir + "/" + name, exact_run({"project=" + dir + "/runs", "name=" + name, "train.steps=1",
+                                                                        "train.batch=" + std::to_string(batch), "train.val_every=1"},
+                                                                       model));
+      return run_trainer("train --config " + cfg + (nproc > 1 ? " --nproc " + std::to_string(nproc) : ""));
+    };
+    const RunResult one = run("one", 8, 1);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const RunResult two = run("two", 4, 2);
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    EXPECT_NE(two.output.find("loader batch 4 x 2 ranks x 1 accumulated = 8 per step"), std::string::npos) << two.output;
+    EXPECT_EQ(fs::exists(dir + "/runs/two2"), false) << "a second rank made its own run directory";
+
+    const std::string a = dir + "/runs/one/", b = dir + "/runs/two/";
+    const double diff = relative_difference(raw_weights(b + "weights/last.pt"), raw_weights(a + "weights/last.pt"));
+    std::printf("%s: one step of 2 ranks x 4 vs 1 x 8: relative difference %.2e\n", model, diff);
+    EXPECT_LE(diff, 1e-5) << model;
+    // The record: losses over every rank's images, AP over the gathered detections.
+    const auto ra = record_of(a + "results.csv"), rb = record_of(b + "results.csv");
+    ASSERT_EQ(ra.size(), 2u) << model;
+    ASSERT_EQ(rb.size(), ra.size()) << model;
+    for (size_t k = 0; k < ra[0].size(); ++k) {
+      const std::string& name = ra[0][k];
+      const std::vector<double> x = column(a + "results.csv", name), y = column(b + "results.csv", name);
+      for (size_t i = 0; i < x.size(); ++i)
+        EXPECT_NEAR(y[i], x[i], 1e-4 * std::max(1.0, std::abs(x[i]))) << model << " " << name << " epoch " << i + 1;
+    }
+  }
+}
+
+TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {
+  const std::string dir = temp_dir("dist-killed");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.epochs=3", "train.save_every_steps=1",
+                                                      "train.keep=20", "train.val_every=1", "distributed.timeout=60"},
+                                                     "yolov8.yaml"));
+  const std::string log = dir + "/killed.log", weights = dir + "/runs/r/weights/";
+  const pid_t launcher = spawn_trainer("train --config " + cfg + " --nproc 2", log);
+  ASSERT_TRUE(wait_for_file(weights + "step_00000002.pt", 300)) << read_bytes(log);
+  const pid_t rank1 = child_with_rank(launcher, 1);
+  ASSERT_GT(rank1, 0) << read_bytes(log);
+  ::kill(rank1, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = wait_exit_code(launcher);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(code, 0);
+  EXPECT_LT(seconds, 60.0);
+  const std::string text = read_bytes(log);
+  EXPECT_NE(text.find("rank 1 was killed by signal 9 (SIGKILL)"), std::string::npos) << text;
+  EXPECT_EQ(child_with_rank(launcher, 0), -1);
+
+  // The newest step checkpoint goes on in one process: the same images per step, the position by images.
+  std::string newest;
+  for (const auto& f : fs::directory_iterator(weights))
+    if (f.path().filename().string().rfind("step_", 0) == 0 && f.path().filename().string() > fs::path(newest).filename().string())
+      newest = f.path().string();
+  const RunResult resumed = run_trainer("train --resume " + newest);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resume on 1 processes (the checkpoint ran on 2)"), std::string::npos) << resumed.output;
+  const auto rows = record_of(dir + "/runs/r/results.csv");
+  ASSERT_EQ(rows.size(), 4u) << read_bytes(dir + "/runs/r/results.csv");  // the header and three epochs
+  EXPECT_EQ(rows.back()[0], "3");
+}
+
+// Ctrl-C reaching the ranks at different moments: every rank stops after the same step, rank 0
+// writes last.pt, and the launcher returns 130 with the command that resumes the run.
+TEST(Distributed, CtrlCStopsEveryRankAfterTheSameStep) {
+  const std::string dir = temp_dir("dist-ctrl-c");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.epochs=50", "train.save_every_steps=2",
+                                                      "train.val_every=0"},
+                                                     "yolov8.yaml"));
+  const std::string log = dir + "/run.log", weights = dir + "/runs/r/weights/";
+  const pid_t launcher = spawn_trainer("train --config " + cfg + " --nproc 2", log);
+  ASSERT_TRUE(wait_for_file(weights + "step_00000002.pt", 300)) << read_bytes(log);
+  const pid_t rank0 = child_with_rank(launcher, 0), rank1 = child_with_rank(launcher, 1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ::kill(rank1, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ::kill(rank0, SIGINT);
+  EXPECT_EQ(wait_exit_code(launcher), kExitInterrupted) << read_bytes(log);
+  const std::string text = read_bytes(log);
+  EXPECT_NE(text.find("Resume with: trainer train --resume " + weights + "last.pt"), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(weights + "last.pt")) << text;
+  EXPECT_EQ(text.find("did not complete across"), std::string::npos) << text;  // no rank left waiting
+}
+
+// torchrun's environment is honoured as it is; a rank that never joins is named after the
+// timeout, and a malformed variable is named.
+TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
+  const std::string dir = temp_dir("dist-missing");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.steps=1", "distributed.timeout=2"},
+                                                     "yolov8.yaml"));
+  const std::string port = std::to_string(20000 + (::getpid() * 13) % 20000);
+  RunResult r = run_trainer("train --config " + cfg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;  // alone, the same config trains as one process
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "3", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", port.c_str(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run_trainer("train --config " + cfg);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("ranks 1, 2 of 3 did not join within distributed.timeout 2 s"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 30.0);
+  ::setenv("RANK", "x", 1);
+  r = run_trainer("train --config " + cfg);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("environment variable RANK=x"), std::string::npos) << r.output;
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+}
+
+// A rank of the tests below, started by run_ranks with torchrun's variables and
+// HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory);
+// skipped otherwise. BatchNorm is frozen: the ranks' result is one process's up to rounding.
+TEST(DistributedWorker, TrainsAsItsRank) {
+  const char* dir_env = std::getenv("HEADROOM_TEST_WORKER_DIR");
+  if (!dir_env) GTEST_SKIP() << "a rank of Distributed.* tests, started by them";
+  const std::string dir = dir_env;
+  const dist::WorldInfo w = dist::world_from_env();
+  const Config c = load_config(dir + "/run.yaml", {});
+  const c10::Device cpu(c10::kCPU);
+  auto group = std::make_shared<dist::Group>(w, dist::GroupOptions().timeout(120), cpu);
+  at::manual_seed(0);
+  train::TrainerParts p = train::make_trainer_parts(c, cpu, dir + "/rank" + std::to_string(w.rank),
+                                                    std::make_shared<const data::Split>(data::load_split(c, "train")), nullptr, group);
+  p.monitor = memory::make_memory_monitor(cpu);
+  train::Trainer t(std::move(p));
+  t.register_hook(std::make_unique<EvalModeBatchNorm>());
+  auto governor = std::make_unique<memory::Governor>(memory::GovernorOptions());
+  memory::Governor* g = governor.get();
+  t.register_hook(std::move(governor));
+  // Rank 1 alone runs out of memory 150 allocations into step 2.
+  class OomOnRank1 : public train::Hook {
+   public:
+    void before_step(train::Trainer& t) override {
+      if (t.rank() == 1 && t.state().step == 1 && !done_) {
+        done_ = true;
+        memory::CountingCpuAllocator::install().inject_oom_after(150);
+      }
+    }
+    bool done_ = false;
+  };
+  if (fs::exists(dir + "/oom")) t.register_hook(std::make_unique<OomOnRank1>());
+  t.train();
+  std::vector<at::Tensor> params = params_of(t.model());
+  torch::save(params, dir + "/rank" + std::to_string(w.rank) + ".pt");
+  std::string decisions;
+  for (const auto& d : g->decisions()) decisions += std::to_string(d.step) + " " + d.action + ": " + d.reason + "\n";
+  write_bytes(dir + "/rank" + std::to_string(w.rank) + ".txt", decisions);
+}
+
+namespace {
+
+// Starts this test binary as 2 ranks of DistributedWorker on `dir`; true when both succeed.
+::testing::AssertionResult run_ranks(const std::string& dir) {
+  std::vector<pid_t> pids;
+  char exe[4096] = {0};
+  if (::readlink("/proc/self/exe", exe, sizeof exe - 1) <= 0) return ::testing::AssertionFailure() << "no /proc/self/exe";
+  static int runs = 0;
+  const int port = 20000 + (::getpid() * 7 + runs++) % 20000;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", "2", 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("HEADROOM_TEST_WORKER_DIR", dir.c_str(), 1);
+      const std::string out = dir + "/worker" + std::to_string(r) + ".log";
+      ::execl("/bin/sh", "sh", "-c", ("exec " + std::string(exe) + " --gtest_filter=DistributedWorker.TrainsAsItsRank > " + out + " 2>&1").c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  std::string logs;
+  for (int r = 0; r < 2; ++r)
+    if (wait_exit_code(pids[size_t(r)]) != 0) {
+      ok = false;
+      logs += "rank " + std::to_string(r) + ":\n" + read_bytes(dir + "/worker" + std::to_string(r) + ".log");
+    }
+  return ok ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << logs;
+}
+
+// One process training `overrides` with train.batch 8 (frozen BatchNorm), in micro-batches of `micro`.
+std::vector<at::Tensor> one_process(const std::vector<std::string>& overrides, int64_t micro) {
+  std::vector<std::string> single = overrides;
+  single.push_back("train.batch=8");
+  const Config c = load_config("", single);
+  train::Trainer t(parts_for(c, temp_dir("dist-one")));
+  t.register_hook(std::make_unique<EvalModeBatchNorm>());
+  auto g = std::make_unique<memory::Governor>(memory::GovernorOptions());
+  g->set_micro_batch(micro);
+  t.register_hook(std::move(g));
+  t.train();
+  return params_of(t.model());
+}
+
+}  // namespace
+
+// Two epochs (8 steps, each epoch ending in a global batch of 2: one image per rank), the
+// loss normalisers exchanged: YOLOv8's sum of predictions with the gradients, CenterNet's
+// object counts before any backward.
+TEST(Distributed, TwoRanksWithFrozenBatchNormTrainLikeOneRankOverEpochs) {
+  for (const char* model : {"yolov8.yaml", "centernet_csp.yaml"}) {
+    const std::string dir = temp_dir(std::string("dist-epochs-") + model);
+    const std::vector<std::string> common = exact_run({"train.epochs=2", "train.val_every=0", "distributed.sync_bn=false"}, model);
+    std::vector<std::string> ranks = common;
+    ranks.push_back("train.batch=4");
+    config_file(dir, ranks);
+    ASSERT_TRUE(run_ranks(dir)) << model;
+    const std::vector<at::Tensor> expected = one_process(common, 8);
+    for (int r = 0; r < 2; ++r) {
+      std::vector<at::Tensor> got;
+      torch::load(got, dir + "/rank" + std::to_string(r) + ".pt");
+      const double diff = relative_difference(got, expected);
+      std::printf("%s rank %d after 8 steps: relative difference to one process %.2e\n", model, r, diff);
+      EXPECT_LE(diff, 1e-5) << model << " rank " << r;
+    }
+  }
+}
+
+TEST(Distributed, AnOutOfMemoryErrorOnOneRankShrinksEveryRank) {
+  const std::string dir = temp_dir("dist-oom");
+  const std::vector<std::string> common = exact_run({"train.steps=4", "train.val_every=0", "distributed.sync_bn=false"}, "yolov8.yaml");
+  std::vector<std::string> ranks = common;
+  ranks.push_back("train.batch=4");
+  config_file(dir, ranks);
+  write_bytes(dir + "/oom", "rank 1, step 2");
+  ASSERT_TRUE(run_ranks(dir));
+  for (int r = 0; r < 2; ++r) {
+    const std::string decisions = read_bytes(dir + "/rank" + std::to_string(r) + ".txt");
+    EXPECT_NE(decisions.find("2 micro_batch 4 -> 2"), std::string::npos) << "rank " << r << ":\n" << decisions;
+  }
+  EXPECT_NE(read_bytes(dir + "/rank0.txt").find("out of memory on rank 1"), std::string::npos);
+
+  // One process with the whole batch (8) in micro-batches of 2 from the start.
+  const std::vector<at::Tensor> expected = one_process(common, 2);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<at::Tensor> got;
+    torch::load(got, dir + "/rank" + std::to_string(r) + ".pt");
+    const double diff = relative_difference(got, expected);
+    std::printf("rank %d after an out-of-memory error on rank 1: relative difference to one process %.2e\n", r, diff);
+    EXPECT_LE(diff, 1e-5) << "rank " << r;
+  }
+}
