@@ -199,6 +199,17 @@ TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {
   EXPECT_EQ(rows.back()[0], "3");
 }
 
+// A worker that fails with an error: the launcher exits with its code and its message.
+TEST(Distributed, TheLauncherNamesTheRankThatFailedAndItsError) {
+  const std::string dir = temp_dir("dist-error");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.steps=1"}, "yolov8.yaml"));
+  const RunResult r = run_trainer("train --config " + cfg + " --nproc 2 model.init_from=" + dir + "/no-such-weights.pt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("exited with code 2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no-such-weights.pt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the other workers were stopped"), std::string::npos) << r.output;
+}
+
 // Ctrl-C reaching the ranks at different moments: every rank stops after the same step, rank 0
 // writes last.pt, and the launcher returns 130 with the command that resumes the run.
 TEST(Distributed, CtrlCStopsEveryRankAfterTheSameStep) {
