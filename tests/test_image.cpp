@@ -2,6 +2,7 @@
 #include <turbojpeg.h>
 
 #include "headroom/data/image.h"
+#include "test_util.h"
 
 using namespace headroom;
 using namespace headroom::data;
@@ -30,20 +31,6 @@ std::string message_of(const std::vector<uint8_t>& bytes, int64_t max_pixels = 1
     return e.what();
   }
   return "";
-}
-
-// Inserts an APP1 Exif segment with the given orientation after the JPEG's SOI marker.
-std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, uint16_t orientation) {
-  const std::vector<uint8_t> tiff = {'I', 'I', 42, 0, 8, 0, 0, 0,  // little-endian, IFD at 8
-                                     1, 0,                          // one entry
-                                     0x12, 0x01, 3, 0, 1, 0, 0, 0,  // orientation, SHORT, count 1
-                                     uint8_t(orientation), 0, 0, 0, 0, 0, 0, 0};
-  std::vector<uint8_t> seg = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
-  seg.insert(seg.end(), tiff.begin(), tiff.end());
-  const size_t len = seg.size() - 2;
-  seg[2] = uint8_t(len >> 8), seg[3] = uint8_t(len & 0xFF);
-  jpeg.insert(jpeg.begin() + 2, seg.begin(), seg.end());
-  return jpeg;
 }
 
 }  // namespace
@@ -88,7 +75,7 @@ TEST(Image, ScaledJpegDecodingStaysAtLeastTheRequestedSize) {
 }
 
 TEST(Image, ExifOrientationTurnsTheImageUpright) {
-  const auto jpeg = with_orientation(encode_jpeg(two_tone(64, 32), 95), 6);  // rotate 90 clockwise
+  const auto jpeg = test::with_orientation(encode_jpeg(two_tone(64, 32), 95), 6);  // rotate 90 clockwise
   const ImageHeader h = read_image_header(jpeg.data(), jpeg.size());
   EXPECT_EQ(h.orientation, 6);
   EXPECT_EQ(h.width, 32);  // as displayed
@@ -145,6 +132,9 @@ TEST(Image, TruncatedFilesAreDetected) {
   auto header_only = encode_jpeg(two_tone(16, 16), 90);
   header_only.resize(40);
   EXPECT_NE(message_of(header_only).find("truncated JPEG"), std::string::npos);
+  // The thread's decoder survives a corrupt file: the next JPEG on it decodes.
+  const auto good = encode_jpeg(two_tone(40, 30), 90);
+  EXPECT_EQ(message_of(good), "");
 }
 
 TEST(Image, DecompressionBombsAreRefusedBeforeDecoding) {

@@ -108,4 +108,17 @@ RunResult run_trainer(const std::string& args) {
   return r;
 }
 
+std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, uint16_t orientation) {
+  const std::vector<uint8_t> tiff = {'I', 'I', 42, 0, 8, 0, 0, 0,  // little-endian, IFD at 8
+                                     1, 0,                          // one entry
+                                     0x12, 0x01, 3, 0, 1, 0, 0, 0,  // orientation, SHORT, count 1
+                                     uint8_t(orientation), 0, 0, 0, 0, 0, 0, 0};
+  std::vector<uint8_t> seg = {0xFF, 0xE1, 0, 0, 'E', 'x', 'i', 'f', 0, 0};
+  seg.insert(seg.end(), tiff.begin(), tiff.end());
+  const size_t len = seg.size() - 2;
+  seg[2] = uint8_t(len >> 8), seg[3] = uint8_t(len & 0xFF);
+  jpeg.insert(jpeg.begin() + 2, seg.begin(), seg.end());
+  return jpeg;
+}
+
 }  // namespace headroom::test

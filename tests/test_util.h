@@ -2,6 +2,7 @@
 // running the trainer binary.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ std::string copy_of_small_synth(const std::string& name);
 // Overrides selecting one of our model files (models/<name>) with channels cut to an eighth of
 // scale l: files with a scales table get a scale "t", YOLOv5 files a smaller width multiple.
 std::vector<std::string> tiny_model(const std::string& name);
+
+// A JPEG with an APP1 Exif segment holding `orientation`, inserted after its SOI marker.
+std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, uint16_t orientation);
 
 void write_bytes(const std::string& path, const std::string& bytes);
 std::string read_bytes(const std::string& path);

@@ -133,9 +133,16 @@ struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
 
-// One decompressor per thread: loader threads decode concurrently.
+// One decompressor per thread: loader threads decode concurrently. A decompressor that failed
+// (a truncated or corrupt file) is replaced: libjpeg-turbo leaves it mid-decode, and the next
+// image on that thread would fail with "Invalid argument".
+std::unique_ptr<void, TjDeleter>& thread_handle() {
+  thread_local std::unique_ptr<void, TjDeleter> handle;
+  return handle;
+}
 tjhandle thread_decompressor() {
-  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitDecompress());
+  auto& handle = thread_handle();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle) throw Error("libjpeg-turbo: cannot create a decompressor");
   return handle.get();
 }
@@ -144,8 +151,11 @@ tjhandle thread_decompressor() {
 Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
   tjhandle tj = thread_decompressor();
   int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj, d, static_cast<unsigned long>(n), &w, &h, &subsamp, &colorspace) != 0)
-    throw ImageError(std::string("corrupt JPEG: ") + tjGetErrorStr2(tj));
+  if (tjDecompressHeader3(tj, d, static_cast<unsigned long>(n), &w, &h, &subsamp, &colorspace) != 0) {
+    const std::string msg = tjGetErrorStr2(tj);
+    thread_handle().reset();
+    throw ImageError("corrupt JPEG: " + msg);
+  }
   // Scaled decoding: the smallest DCT scale that still covers the requested size.
   int sw = w, sh = h;
   if (min_w > 0 && min_h > 0) {
@@ -168,6 +178,7 @@ Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
   uint8_t* dst = cmyk ? cmyk_pixels.data() : img.pixels.data();
   if (tjDecompress2(tj, d, static_cast<unsigned long>(n), dst, sw, 0, sh, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
     const std::string msg = tjGetErrorStr2(tj);
+    thread_handle().reset();
     // Warnings such as "extraneous bytes" leave a good image; missing or undecodable data
     // leaves part of it grey.
     const std::string lower = to_lower(msg);
