@@ -11,7 +11,7 @@ packages=(
   libturbojpeg0-dev libpng-dev
   libopencv-core-dev libopencv-imgproc-dev
   libopenblas0-pthread
-  libonnx-dev libprotobuf-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler
 )
 if [[ "${1:-}" == "--cuda" ]]; then
   packages+=(python3 python3-venv python3-pip)

@@ -11,7 +11,7 @@ packages=(
   libturbojpeg0 libturbojpeg0-dev libpng16-16 libpng-dev
   libyaml-cpp0.7 libyaml-cpp-dev libspdlog1.10 libspdlog-dev libfmt9 libfmt-dev
   libcli11-dev libgtest-dev
-  libonnx1 libonnx-dev libprotobuf32 libprotobuf-dev
+  libonnx1 libonnx-dev libprotobuf32 libprotobuf-dev libprotoc32 protobuf-compiler
   libgloo-dev
 )
 if [[ -f $dest/.complete && "$(cat $dest/.complete)" == "${packages[*]}" ]]; then

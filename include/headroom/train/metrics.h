@@ -1,14 +1,18 @@
 // What a run records per epoch: results.csv (one row per epoch, columns fixed by the first row)
-// and TensorBoard event files (TFRecord framing with masked CRC-32C around Event protocol
-// buffers, encoded here in the protobuf wire format: no protobuf library to match versions with).
+// and TensorBoard event files (TFRecord framing around Event protocol buffers).
 // Both know their position, so a checkpoint can record it and a resume continue from there.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace headroom {
+class RecordWriter;
+}
 
 namespace headroom::train {
 
@@ -48,15 +52,12 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
   void add_scalars(const Scalars& values, int64_t step, double wall_time);
   void flush();
-  const std::string& path() const { return path_; }
-  int64_t bytes() const { return bytes_; }  // written so far, all flushed
+  const std::string& path() const;
+  int64_t bytes() const;  // written so far, all flushed
 
  private:
   void create(const std::string& dir);
-  void write_record(const std::string& data);
-  std::string path_;
-  std::FILE* file_ = nullptr;
-  int64_t bytes_ = 0;
+  std::unique_ptr<RecordWriter> file_;
 };
 
 struct TensorBoardScalar {

@@ -1,0 +1,123 @@
+#include "headroom/core/record_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "headroom/core/checksum.h"
+
+namespace headroom {
+
+RecordError::RecordError(const std::string& file, int64_t offset, const std::string& what)
+    : InputError(file + ": record at byte " + std::to_string(offset) + ": " + what), offset_(offset) {}
+
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+namespace {
+constexpr int64_t kHeader = 12, kFooter = 4;
+
+// Reads exactly n bytes at `offset`; false at the end of the file.
+bool read_at(int fd, void* out, size_t n, int64_t offset) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got <= 0) return false;
+    p += got, n -= size_t(got), offset += got;
+  }
+  return true;
+}
+}  // namespace
+
+RecordReader::RecordReader(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st {};
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0)
+    throw InputError(path_ + ": cannot open the TFRecord file: " + std::strerror(errno));
+  size_ = st.st_size;
+}
+
+RecordReader::~RecordReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t RecordReader::length_at(int64_t offset) const {
+  unsigned char h[kHeader];
+  if (offset + kHeader > size_ || !read_at(fd_, h, kHeader, offset))
+    throw RecordError(path_, offset, "the file ends inside the record's header (truncated file)");
+  uint64_t n = 0;
+  uint32_t crc = 0;
+  std::memcpy(&n, h, 8);
+  std::memcpy(&crc, h + 8, 4);
+  if (crc != masked_crc32c(h, 8))
+    throw RecordError(path_, offset, "bad length CRC (not a TFRecord file, or corrupt)");
+  if (n > uint64_t(size_) || offset + kHeader + int64_t(n) + kFooter > size_)
+    throw RecordError(path_, offset, "the file ends inside the record's " + std::to_string(n) + " bytes (truncated file)");
+  return int64_t(n);
+}
+
+std::string RecordReader::read(int64_t offset) const {
+  const int64_t n = length_at(offset);
+  std::string data(size_t(n) + kFooter, '\0');
+  if (!read_at(fd_, data.data(), data.size(), offset + kHeader))
+    throw RecordError(path_, offset, "read error");
+  uint32_t crc = 0;
+  std::memcpy(&crc, data.data() + n, 4);
+  data.resize(size_t(n));
+  if (crc != masked_crc32c(data.data(), data.size())) throw RecordError(path_, offset, "bad data CRC (corrupt record)");
+  return data;
+}
+
+RecordReader::Index RecordReader::index() const {
+  Index out;
+  int64_t offset = 0;
+  try {
+    while (offset < size_) {
+      const int64_t n = length_at(offset);
+      out.spans.push_back({offset, n});
+      offset += kHeader + n + kFooter;
+    }
+  } catch (const RecordError& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+RecordWriter::RecordWriter(std::string path, int64_t keep_bytes) : path_(std::move(path)) {
+  if (keep_bytes >= 0) {
+    if (::truncate(path_.c_str(), static_cast<off_t>(keep_bytes)) != 0)
+      throw Error(path_ + ": cannot cut the file back to " + std::to_string(keep_bytes) + " bytes: " + std::strerror(errno));
+    file_ = std::fopen(path_.c_str(), "ab");
+    bytes_ = keep_bytes;
+  } else {
+    file_ = std::fopen(path_.c_str(), "wb");
+  }
+  if (!file_) throw Error(path_ + ": cannot write the TFRecord file: " + std::strerror(errno));
+}
+
+RecordWriter::~RecordWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void RecordWriter::write(const std::string& data) {
+  unsigned char h[kHeader];
+  const uint64_t n = data.size();
+  std::memcpy(h, &n, 8);
+  const uint32_t hcrc = masked_crc32c(h, 8), dcrc = masked_crc32c(data.data(), data.size());
+  std::memcpy(h + 8, &hcrc, 4);
+  const bool ok = std::fwrite(h, 1, kHeader, file_) == size_t(kHeader) &&
+                  std::fwrite(data.data(), 1, data.size(), file_) == data.size() &&
+                  std::fwrite(&dcrc, 1, kFooter, file_) == size_t(kFooter);
+  if (!ok) throw Error(path_ + ": writing a record failed (disk full?)");
+  bytes_ += kHeader + int64_t(data.size()) + kFooter;
+}
+
+void RecordWriter::flush() {
+  if (std::fflush(file_) != 0) throw Error(path_ + ": writing the records failed (disk full?)");
+}
+
+}  // namespace headroom
