@@ -8,6 +8,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 #include "headroom/data/check.h"
+#include "headroom/data/convert.h"
 #include "headroom/data/loader.h"
 #include "headroom/data/synth.h"
 #include "headroom/models/detector.h"
@@ -89,6 +90,36 @@ void add_check(CLI::App& data, int& exit_code) {
   });
 }
 
+void add_convert(CLI::App& data, int& exit_code) {
+  auto* cmd = data.add_subcommand("convert", "Rewrite a data set as YOLO labels, COCO JSON or TF OD API TFRecords");
+  static data::ConvertOptions o;
+  static std::string to;
+  static bool json = false;
+  cmd->add_option("--from", o.from, "Data YAML of the set to convert")->required();
+  cmd->add_option("--to", to, "yolo, coco or tfrecord")->required();
+  cmd->add_option("--out", o.out, "Output folder (new or empty)")->required();
+  cmd->add_option("--shards", o.shards, "TFRecord files per split")->capture_default_str();
+  cmd->add_flag("--json", json, "Print JSON");
+  cmd->callback([&exit_code] {
+    o.to = data::data_format_from(to);
+    o.scan.threads = available_cores();
+    const data::ConvertSummary s = data::convert_data(o);
+    if (json) {
+      Json j = Json::object(), splits = Json::object();
+      for (const auto& [name, n] : s.images) splits[name] = n;
+      j["data_yaml"] = s.data_yaml;
+      j["images"] = splits;
+      j["boxes"] = s.boxes;
+      j["crowd_boxes_left_out"] = s.crowd_boxes_left_out;
+      print_json(j);
+    } else {
+      for (const auto& [name, n] : s.images) std::printf("%s: %lld images\n", name.c_str(), (long long)n);
+      std::printf("%lld boxes; data YAML: %s\n", (long long)s.boxes, s.data_yaml.c_str());
+    }
+    exit_code = kExitOk;
+  });
+}
+
 // What the model is fed: the first batches of an epoch through the configured augmentation.
 void add_preview(CLI::App& data, int& exit_code) {
   auto* cmd = data.add_subcommand("preview", "Write a grid of augmented training images with their boxes");
@@ -153,10 +184,11 @@ void add_preview(CLI::App& data, int& exit_code) {
 }  // namespace
 
 void add_data_command(CLI::App& app, int& exit_code) {
-  auto* data = app.add_subcommand("data", "Data sets: synth, check, preview");
+  auto* data = app.add_subcommand("data", "Data sets: synth, check, convert, preview");
   data->require_subcommand(1);
   add_synth(*data, exit_code);
   add_check(*data, exit_code);
+  add_convert(*data, exit_code);
   add_preview(*data, exit_code);
 }
 

@@ -87,6 +87,7 @@ uint64_t cache_key(const Split& split, int canvas) {
     struct stat st {};
     ::stat(s.image.c_str(), &st);
     fnv(h, s.image.data(), s.image.size() + 1);
+    fnv_value(h, s.record);  // a TFRecord sample: which record of the file
     fnv_value(h, static_cast<int64_t>(st.st_size));
     fnv_value(h, static_cast<int64_t>(st.st_mtim.tv_sec));
     fnv_value(h, static_cast<int64_t>(st.st_mtim.tv_nsec));

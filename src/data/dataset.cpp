@@ -16,6 +16,7 @@
 #include "headroom/core/yaml_file.h"
 #include "headroom/data/image.h"
 #include "headroom/data/labels.h"
+#include "headroom/data/tfrecord.h"
 
 namespace headroom::data {
 
@@ -70,7 +71,14 @@ SplitSource read_split(const std::string& file, const fs::path& root, const YAML
                        ", images: <folder of its images>}");
     return resolve(root, v.Scalar());
   };
-  if (n.IsMap()) {
+  if (n.IsMap() && n["tfrecord"]) {
+    const YAML::Node files = n["tfrecord"];
+    if (!files.IsScalar() && !files.IsSequence())
+      throw InputError(at(file, files) + ": tfrecord is a file, a glob or a list of them");
+    s.format = SplitSource::Format::tfrecord;
+    if (files.IsScalar()) s.images = {resolve(root, files.Scalar())};
+    for (const auto& v : files) s.images.push_back(resolve(root, v.Scalar()));
+  } else if (n.IsMap()) {
     const YAML::Node coco = n["coco"], images = n["images"];
     if (!coco || !coco.IsScalar() || !images || !images.IsScalar())
       throw InputError(s.where + ": a COCO split needs both keys: {coco: annotations.json, images: folder}");
@@ -83,6 +91,10 @@ SplitSource read_split(const std::string& file, const fs::path& root, const YAML
   } else {
     s.images = {path_of(n)};
   }
+  // TFRecord files named like the OD API's (train.record, train.record-?????-of-00010).
+  if (s.format == SplitSource::Format::yolo &&
+      std::all_of(s.images.begin(), s.images.end(), [](const std::string& p) { return looks_like_records(p); }))
+    s.format = SplitSource::Format::tfrecord;
   return s;
 }
 
@@ -130,7 +142,7 @@ DataSpec read_data_yaml(const std::string& path) {
     if (!p.IsScalar()) throw InputError(at(path, p) + ": path must be a folder");
     spec.root = resolve(yaml_dir, p.Scalar());
   }
-  static const std::set<std::string> known = {"path", "train", "val", "test", "names", "nc"};
+  static const std::set<std::string> known = {"path", "train", "val", "test", "names", "nc", "label_map"};
   static const std::set<std::string> ignored = {"download", "kpt_shape", "flip_idx", "channels", "yaml_file"};
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
@@ -142,6 +154,10 @@ DataSpec read_data_yaml(const std::string& path) {
   if (!spec.split("train") && !spec.split("val"))
     throw InputError(path + ": no train or val split; add e.g. 'train: images/train' and 'val: images/val'");
   if (const YAML::Node n = root["names"]) spec.names = read_names(path, n);
+  if (const YAML::Node n = root["label_map"]) {
+    if (!n.IsScalar()) throw InputError(at(path, n) + ": label_map is the path of a label_map.pbtxt");
+    spec.label_map = resolve(spec.root, n.Scalar());
+  }
   if (const YAML::Node nc = root["nc"]) {
     const auto v = nc.IsScalar() ? parse_int(nc.Scalar()) : std::nullopt;
     if (!v || *v < 1) throw InputError(at(path, nc) + ": nc must be a positive integer");
@@ -217,12 +233,11 @@ struct Probe {
 // Header, end marker, and optionally a full decode of one image file.
 Probe probe_file(const std::string& path, const ScanOptions& o) {
   Probe r;
-  auto skip = [&](ProblemKind k, const std::string& msg) { r.problems.push_back({k, path, msg, true}); };
   const int fd = ::open(path.c_str(), O_RDONLY);
   struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0) {
     if (fd >= 0) ::close(fd);
-    skip(ProblemKind::missing_image, "cannot be opened");
+    r.problems.push_back({ProblemKind::missing_image, path, "cannot be opened", true});
     return r;
   }
   const size_t size = static_cast<size_t>(st.st_size);
@@ -242,39 +257,50 @@ Probe probe_file(const std::string& path, const ScanOptions& o) {
   }
   ::close(fd);
   if (!ok) {
-    skip(ProblemKind::unreadable_image, "read error");
+    r.problems.push_back({ProblemKind::unreadable_image, path, "read error", true});
     return r;
   }
-  try {
-    r.header = read_image_header(buf.data(), buf.size());
-  } catch (const ImageError& e) {
-    skip(ProblemKind::unreadable_image, e.what());
-    return r;
-  }
-  const int64_t pixels = int64_t(r.header.width) * r.header.height;
-  if (pixels > o.max_pixels) {
-    skip(ProblemKind::oversized_image,
-         "header claims " + std::to_string(r.header.width) + "x" + std::to_string(r.header.height) +
-             " pixels, over data.max_pixels = " + std::to_string(o.max_pixels) +
-             "; refused before decoding (raise data.max_pixels if the image is genuine)");
-    return r;
-  }
-  if (!image_is_complete(tail, tail_n, r.header.format)) {
-    skip(ProblemKind::truncated_image, std::string(to_string(r.header.format)) +
-                                           " file ends before its end marker (truncated copy or download)");
-    return r;
-  }
-  if (o.full_decode) {
-    try {
-      decode_image(buf.data(), buf.size(), o.max_pixels);
-    } catch (const ImageError& e) {
-      skip(ProblemKind::unreadable_image, e.what());
-    }
-  }
+  r.problems = check_image_bytes(buf.data(), buf.size(), tail, tail_n, path, o, &r.header);
   return r;
 }
 
 }  // namespace
+
+std::vector<Problem> check_image_bytes(const uint8_t* data, size_t size, const uint8_t* tail, size_t tail_size,
+                                       const std::string& where, const ScanOptions& o, ImageHeader* header) {
+  std::vector<Problem> problems;
+  auto skip = [&](ProblemKind k, const std::string& msg) { problems.push_back({k, where, msg, true}); };
+  ImageHeader h;
+  try {
+    h = read_image_header(data, size);
+  } catch (const ImageError& e) {
+    skip(ProblemKind::unreadable_image, e.what());
+    return problems;
+  }
+  if (header) *header = h;
+  const int64_t pixels = int64_t(h.width) * h.height;
+  if (pixels > o.max_pixels) {
+    skip(ProblemKind::oversized_image,
+         "header claims " + std::to_string(h.width) + "x" + std::to_string(h.height) +
+             " pixels, over data.max_pixels = " + std::to_string(o.max_pixels) +
+             "; refused before decoding (raise data.max_pixels if the image is genuine)");
+    return problems;
+  }
+  if (!image_is_complete(tail, tail_size, h.format)) {
+    skip(ProblemKind::truncated_image, std::string(to_string(h.format)) +
+                                           " file ends before its end marker (truncated copy or download)");
+    return problems;
+  }
+  if (o.full_decode) {
+    try {
+      decode_image(data, size, o.max_pixels);
+    } catch (const ImageError& e) {
+      skip(ProblemKind::unreadable_image, e.what());
+    }
+  }
+  return problems;
+}
+
 
 Split scan_split(const DataSpec& spec, const std::string& name, const ScanOptions& o) {
   const SplitSource* src = spec.split(name);
@@ -294,6 +320,15 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
     candidates = std::move(coco.samples);
     corrupt = std::move(coco.corrupt);
     split.listed_images = coco.listed_images;
+  } else if (src->format == SplitSource::Format::tfrecord) {
+    const RecordClasses classes = record_classes(spec);
+    RecordScan records = scan_records(*src, classes, o);
+    split.names = classes.names;
+    split.category_ids = classes.ids;
+    split.problems = std::move(records.problems);
+    candidates = std::move(records.samples);
+    corrupt = std::move(records.skipped);
+    split.listed_images = static_cast<int64_t>(candidates.size());
   } else {
     std::vector<std::string> paths;
     for (const auto& s : src->images) list_images(s, src->where, paths, split.problems);
@@ -314,7 +349,9 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
   std::vector<std::vector<Problem>> found(candidates.size());
   const bool yolo = src->format == SplitSource::Format::yolo;
   const int nc = static_cast<int>(split.names.size());
-  parallel_for(static_cast<int64_t>(candidates.size()), o.threads, [&](int64_t i) {
+  // TFRecord images were checked with their records.
+  const int64_t to_probe = src->format == SplitSource::Format::tfrecord ? 0 : static_cast<int64_t>(candidates.size());
+  parallel_for(to_probe, o.threads, [&](int64_t i) {
     Sample& s = candidates[static_cast<size_t>(i)];
     Probe probe = probe_file(s.image, o);
     found[i] = std::move(probe.problems);
@@ -365,6 +402,17 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
                           : "") +
                      ")");
   return split;
+}
+
+std::string read_image_bytes(const Sample& s) {
+  if (s.record >= 0) return read_record_image(s.image, s.record);
+  return read_file(s.image);
+}
+
+std::string image_name(const Sample& s) {
+  if (s.record >= 0)
+    return s.file_name.empty() ? fs::path(s.image).filename().string() + "@" + std::to_string(s.record) : s.file_name;
+  return fs::path(s.image).filename().string();
 }
 
 Split load_split(const Config& c, const std::string& split, bool full_decode) {

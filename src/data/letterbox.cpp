@@ -7,6 +7,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "headroom/core/files.h"
+#include "headroom/core/text.h"
 
 namespace headroom::data {
 
@@ -66,9 +67,9 @@ void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels,
   ++g_decoded;
   std::string bytes;
   try {
-    bytes = read_file(s.image);
-  } catch (const InputError&) {  // the scan read it: it was removed or made unreadable since
-    throw ImageError(s.image + ": cannot be read any more (removed or made unreadable after the data set was scanned)");
+    bytes = read_image_bytes(s);
+  } catch (const InputError& e) {  // the scan read it: it was removed, changed or made unreadable since
+    throw ImageError(first_line(e.what()) + " (it could be read when the data set was scanned)");
   }
   try {
     const Image img = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), max_pixels,

@@ -67,7 +67,7 @@ Json ground_truth_json(const data::Split& split) {
   for (size_t i = 0; i < split.samples.size(); ++i) {
     Json im = Json::object();
     im["id"] = image_id_of(split, int64_t(i));
-    im["file_name"] = std::filesystem::path(split.samples[i].image).filename().string();
+    im["file_name"] = data::image_name(split.samples[i]);
     im["width"] = split.samples[i].width;
     im["height"] = split.samples[i].height;
     images.push_back(std::move(im));

@@ -22,8 +22,10 @@ struct Box {
 };
 
 struct Sample {
-  std::string image;      // path of the image file
-  std::string labels;     // path of its YOLO label file ("" for COCO)
+  std::string image;      // path of the image file, or of the TFRecord shard holding it
+  int64_t record = -1;    // TFRecord data: byte offset of its record in `image`; -1 for image files
+  std::string file_name;  // TFRecord data: the example's image/filename ("" for image files)
+  std::string labels;     // path of its YOLO label file ("" for COCO and TFRecord)
   int width = 0;          // upright size from the image header
   int height = 0;
   std::vector<Box> boxes;
@@ -51,9 +53,11 @@ struct Problem {
 
 // How one split's files are found.
 struct SplitSource {
-  enum class Format { yolo, coco };
+  enum class Format { yolo, coco, tfrecord };
   Format format = Format::yolo;
-  std::vector<std::string> images;  // YOLO: folders and/or .txt lists; COCO: the image folder
+  // YOLO: folders and/or .txt lists; COCO: the image folder; TFRecord: files, globs and sharded
+  // names (train.record-?????-of-00010), expanded when the split is scanned
+  std::vector<std::string> images;
   std::string annotations;          // COCO instances JSON
   std::string where;                // location of the entry in the data YAML
 };
@@ -62,6 +66,7 @@ struct DataSpec {
   std::string file;                 // the data YAML
   std::string root;                 // its `path`, resolved
   std::vector<std::string> names;   // may be empty for COCO-only data (taken from categories)
+  std::string label_map;            // TF OD API label_map.pbtxt (TFRecord data), resolved
   std::vector<std::pair<std::string, SplitSource>> splits;  // "train", "val", "test"
   const SplitSource* split(const std::string& name) const;
 };
@@ -103,6 +108,21 @@ struct Split {
 // skip an image throws InputError; with skip it is recorded and logged. Throws InputError
 // when no usable image remains.
 Split scan_split(const DataSpec& spec, const std::string& split, const ScanOptions& options);
+
+// The checks every image gets when a split is scanned: header, data.max_pixels, end marker
+// (looked for in `tail`, the last bytes), and a full decode when asked. `data` is the file's
+// start or all of it. Each problem found skips the image; `header` receives what was read.
+struct ImageHeader;
+std::vector<Problem> check_image_bytes(const uint8_t* data, size_t size, const uint8_t* tail, size_t tail_size,
+                                       const std::string& where, const ScanOptions& o, ImageHeader* header);
+
+// The encoded image of a sample: its file, or its TFRecord example's image/encoded. InputError
+// naming the file (and record) when it can no longer be read.
+std::string read_image_bytes(const Sample& s);
+
+// A name for the image in reports and results: the example's image/filename for TFRecord data,
+// the file's name otherwise.
+std::string image_name(const Sample& s);
 
 // The split a config asks for, scanned with its data options.
 Split load_split(const Config& c, const std::string& split, bool full_decode = false);
