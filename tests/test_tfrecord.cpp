@@ -38,14 +38,6 @@ Split scan(const std::string& yaml, OnError on_error = OnError::skip, const std:
   return scan_split(read_data_yaml(yaml), split, o);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<RecordSpan> spans_of(const std::string& file) { return RecordReader(file).index().spans; }
 
@@ -157,7 +149,7 @@ TEST(TfRecord, DamagedRecordsAreNamedByFileAndByteOffset) {
   ASSERT_EQ(s.problems.size(), 1u);
   EXPECT_NE(s.problems[0].where.find(at1), std::string::npos) << s.problems[0].where;
   EXPECT_NE(s.problems[0].message.find("bad data CRC"), std::string::npos) << s.problems[0].message;
-  const std::string failed = error_of([&] { scan(data_crc + "/data.yaml", OnError::fail); });
+  const std::string failed = test::input_error_of([&] { scan(data_crc + "/data.yaml", OnError::fail); });
   EXPECT_NE(failed.find(at1), std::string::npos) << failed;
   EXPECT_NE(failed.find("data.on_error is fail"), std::string::npos) << failed;
 
@@ -187,7 +179,7 @@ TEST(TfRecord, DamagedRecordsAreNamedByFileAndByteOffset) {
     w.flush();
   }
   test::write_bytes(odd + "/data.yaml", "path: .\ntrain: odd.record\nnames: [a]\n");
-  const std::string odd_error = error_of([&] { scan(odd + "/data.yaml"); });
+  const std::string odd_error = test::input_error_of([&] { scan(odd + "/data.yaml"); });
   EXPECT_NE(odd_error.find("not a tf.train.Example"), std::string::npos) << odd_error;
   const std::string one_class = tf_written_set("tfrecord-unknown-class", "names: [a]\n");
   s = scan(one_class + "/data.yaml");
@@ -210,7 +202,7 @@ TEST(TfRecord, TheIndexIsCachedBesideTheFileAndRebuiltWhenTheFileChanges) {
   std::string shifted = header;
   for (const RecordSpan& s : spans_of(file)) shifted += std::to_string(s.offset + 1) + " " + std::to_string(s.length) + "\n";
   test::write_bytes(index, shifted);
-  const std::string missed = error_of([&] { scan(dir + "/data.yaml"); });
+  const std::string missed = test::input_error_of([&] { scan(dir + "/data.yaml"); });
   EXPECT_NE(missed.find("record at byte 1: bad length CRC"), std::string::npos) << missed;
   // A record appended: the file's size no longer matches the index's key, so it is rebuilt.
   {
@@ -235,7 +227,7 @@ TEST(TfRecord, ShardedNamesNeedEveryShard) {
   EXPECT_EQ(test::read_bytes(sum.data_yaml).find("train: train.record-?\?\?\?\?-of-00003") != std::string::npos, true);
   EXPECT_EQ(record_files(dir + "/rec/train.record-?\?\?\?\?-of-00003", "here").size(), 3u);
   fs::remove(dir + "/rec/train.record-00001-of-00003");
-  const std::string e = error_of([&] { record_files(dir + "/rec/train.record-?\?\?\?\?-of-00003", "data.yaml:3"); });
+  const std::string e = test::input_error_of([&] { record_files(dir + "/rec/train.record-?\?\?\?\?-of-00003", "data.yaml:3"); });
   EXPECT_NE(e.find("data.yaml:3: "), std::string::npos) << e;
   EXPECT_NE(e.find("names 3 shards but 2 are there"), std::string::npos) << e;
 }
@@ -243,14 +235,14 @@ TEST(TfRecord, ShardedNamesNeedEveryShard) {
 TEST(TfRecord, LabelMapErrorsNameTheLineAndTheFieldMeant) {
   const std::string dir = test::temp_dir("tfrecord-label-map");
   test::write_bytes(dir + "/typo.pbtxt", "item {\n  id: 1\n  nmae: \"cat\"\n}\n");
-  std::string e = error_of([&] { read_label_map(dir + "/typo.pbtxt"); });
+  std::string e = test::input_error_of([&] { read_label_map(dir + "/typo.pbtxt"); });
   EXPECT_NE(e.find("typo.pbtxt:3:"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'name'?"), std::string::npos) << e;
   test::write_bytes(dir + "/zero.pbtxt", "item {\n  id: 1\n  name: \"cat\"\n}\nitem {\n  id: 0\n  name: \"dog\"\n}\n");
-  e = error_of([&] { read_label_map(dir + "/zero.pbtxt"); });
+  e = test::input_error_of([&] { read_label_map(dir + "/zero.pbtxt"); });
   EXPECT_NE(e.find("zero.pbtxt:5: id 0: label map ids start at 1"), std::string::npos) << e;
   test::write_bytes(dir + "/twice.pbtxt", "item { id: 1 name: \"cat\" }\nitem { id: 1 name: \"dog\" }\n");
-  e = error_of([&] { read_label_map(dir + "/twice.pbtxt"); });
+  e = test::input_error_of([&] { read_label_map(dir + "/twice.pbtxt"); });
   EXPECT_NE(e.find("twice.pbtxt:2: id 1 appears twice"), std::string::npos) << e;
   // Our own text reads back as the same classes, background allowed at 0.
   test::write_bytes(dir + "/ours.pbtxt", "item { id: 0 name: \"background\" }\n" + label_map_text({"cat", "dog"}));
@@ -288,7 +280,7 @@ TEST(TfRecord, ConversionsKeepBoxesAndClassNamesInEveryDirection) {
   EXPECT_EQ(convert_data(o).crowd_boxes_left_out, 2);  // one per split: train and val name the same file
   expect_same_samples(theirs, scan(dir + "/g/data.yaml"), /*crowd_kept=*/false);
   // Nothing is written over.
-  const std::string e = error_of([&] { convert_data(o); });
+  const std::string e = test::input_error_of([&] { convert_data(o); });
   EXPECT_NE(e.find("not empty"), std::string::npos) << e;
 }
 

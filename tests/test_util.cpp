@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "headroom/core/errors.h"
 #include "headroom/core/threads.h"
 #include "headroom/data/synth.h"
 
@@ -119,6 +120,15 @@ std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, uint16_t orient
   seg[2] = uint8_t(len >> 8), seg[3] = uint8_t(len & 0xFF);
   jpeg.insert(jpeg.begin() + 2, seg.begin(), seg.end());
   return jpeg;
+}
+
+std::string input_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace headroom::test

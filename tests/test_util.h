@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ std::vector<std::string> tiny_model(const std::string& name);
 
 // A JPEG with an APP1 Exif segment holding `orientation`, inserted after its SOI marker.
 std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, uint16_t orientation);
+
+// The message of the InputError `f` throws; "" when it throws none.
+std::string input_error_of(const std::function<void()>& f);
 
 void write_bytes(const std::string& path, const std::string& bytes);
 std::string read_bytes(const std::string& path);

@@ -165,7 +165,7 @@ ConvertSummary convert_data(const ConvertOptions& o) {
     } else {
       write_records(split, (out / (name + ".record")).string(), o.shards);
       char shards[32] = "";
-      if (o.shards > 1) std::snprintf(shards, sizeof shards, "-?????-of-%05d", o.shards);
+      if (o.shards > 1) std::snprintf(shards, sizeof shards, "-?\?\?\?\?-of-%05d", o.shards);
       yaml += name + ": " + name + ".record" + shards + "\n";
     }
     summary.images.emplace_back(name, int64_t(split.samples.size()));

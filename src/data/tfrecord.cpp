@@ -386,7 +386,9 @@ RecordScan scan_records(const SplitSource& source, const RecordClasses& classes,
       if (!framing.empty()) {  // what follows a broken frame cannot be found: one problem for all of it
         out.problems.push_back({ProblemKind::unreadable_image, file,
                                 framing.substr(file.size() + 2) + "; the rest of the file cannot be read", true});
-        out.samples.push_back(Sample{file, -1});
+        Sample lost;
+        lost.image = file;
+        out.samples.push_back(std::move(lost));
         out.skipped.push_back(true);
       }
     }
