@@ -1,18 +1,50 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "headroom/core/files.h"
+#include "headroom/core/pipeline_config.h"
 
 namespace headroom::cli {
+
+namespace {
+
+// `config convert pipeline.config -o run.yaml`: the Headroom config a TF OD API pipeline means.
+CLI::App* add_convert(CLI::App& config, int& exit_code) {
+  auto* cmd = config.add_subcommand("convert", "Write the Headroom config a TF OD API pipeline.config means, a comment per key");
+  static std::string pipeline, out;
+  cmd->add_option("pipeline", pipeline, "The pipeline.config")->required();
+  cmd->add_option("-o,--out", out, "YAML to write (omitted: print it)");
+  cmd->callback([&exit_code] {
+    if (!is_pipeline_config(pipeline))
+      throw InputError(pipeline + ": not a TF OD API pipeline config (protobuf text starting with model { ... })");
+    const PipelineConfig p = read_pipeline_config(pipeline);
+    const std::string yaml = pipeline_to_yaml(p, pipeline);
+    load_run_config(pipeline, {});  // what `trainer train --config` would refuse is refused here too
+    if (out.empty()) {
+      std::printf("%s", yaml.c_str());
+    } else {
+      write_file_atomic(out, yaml);
+      std::printf("wrote %s (%zu keys; %zu fields read without an effect, listed at its top)\n", out.c_str(),
+                  p.settings.size(), p.notes.size());
+    }
+    exit_code = kExitOk;
+  });
+  return cmd;
+}
+
+}  // namespace
 
 void add_config_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("config", "Print the resolved configuration, every key with its value or default");
   static std::string path;
   static std::vector<std::string> overrides;
   static bool json = false;
-  cmd->add_option("--config,-c", path, "Config YAML (omitted: defaults only)");
+  cmd->add_option("--config,-c", path, "Config YAML or TF OD API pipeline.config (omitted: defaults only)");
   cmd->add_option("overrides", overrides, "key=value overrides, e.g. train.batch=16 data.workers=4");
   cmd->add_flag("--json", json, "Print JSON");
-  cmd->callback([&exit_code] {
+  CLI::App* convert = add_convert(*cmd, exit_code);
+  cmd->callback([&exit_code, convert] {
+    if (convert->parsed()) return;
     const Config c = load_run_config(path, overrides);
     if (json)
       print_json(config_to_json(c));

@@ -1,4 +1,5 @@
 #include "headroom/core/config.h"
+#include "headroom/core/pipeline_config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -9,6 +10,7 @@
 
 #include "config_schema.h"
 #include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/core/yaml_file.h"
 
@@ -64,6 +66,11 @@ class Loader {
       return;
     }
     walk(root, "", file);
+  }
+
+  // One key from another format's file (a pipeline.config field), located there.
+  void apply(const std::string& path, const std::string& yaml_value, const std::string& where) {
+    set(path, YAML::Load(yaml_value), where);
   }
 
   void apply_override(const std::string& arg) {
@@ -188,7 +195,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   Config c;
   c.source = path;
   Loader loader(c);
-  if (!path.empty()) loader.load_file(path);
+  if (!path.empty() && is_pipeline_config(path)) {
+    const PipelineConfig pipeline = read_pipeline_config(path);
+    for (const PipelineSetting& s : pipeline.settings) loader.apply(s.key, s.value, s.where);
+    static std::set<std::string> said;  // a run loads its config more than once: each note once
+    for (const std::string& n : pipeline.notes)
+      if (said.insert(n).second) spdlog::info("{}", n);
+  } else if (!path.empty()) {
+    loader.load_file(path);
+  }
   for (const auto& o : overrides) loader.apply_override(o);
   std::vector<std::string> problems = loader.problems();
   if (problems.empty()) check_combinations(c, problems);

@@ -512,6 +512,8 @@ std::vector<ConfigKey> build_schema() {
       double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
       double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,
                  "linear / cosine schedules end at lr0 * lrf."),
+      double_key("train.eps", [](Config& c) -> double& { return c.train.eps; }, 0, 1,
+                 "Adam / AdamW epsilon, added to the root of the second moment (PyTorch 1e-8, Keras 1e-7)."),
       double_key("train.momentum", [](Config& c) -> double& { return c.train.momentum; }, 0, 0.999999,
                  "SGD momentum; Adam and AdamW beta1."),
       bool_key("train.nesterov", [](Config& c) -> bool& { return c.train.nesterov; }, "Nesterov momentum (SGD)."),

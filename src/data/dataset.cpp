@@ -11,6 +11,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/pipeline_config.h"
 #include "headroom/core/text.h"
 #include "headroom/core/threads.h"
 #include "headroom/core/yaml_file.h"
@@ -130,7 +131,35 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
 
 }  // namespace
 
+namespace {
+
+// The input readers of a TF OD API pipeline.config: TFRecord splits and their label map.
+DataSpec data_spec_of_pipeline(const std::string& path) {
+  const PipelineData p = read_pipeline_config(path).data;
+  DataSpec spec;
+  spec.file = path;
+  spec.root = fs::absolute(path).parent_path().string();
+  spec.label_map = p.label_map;
+  auto split = [](const std::vector<std::string>& files, const std::string& where) {
+    SplitSource s;
+    s.format = SplitSource::Format::tfrecord;
+    s.images = files;
+    s.where = where;
+    return s;
+  };
+  spec.splits.emplace_back("train", split(p.train, p.train_where));
+  if (!p.val.empty()) spec.splits.emplace_back("val", split(p.val, p.val_where));
+  const size_t classes = read_label_map(p.label_map).size();
+  if (p.num_classes > 0 && size_t(p.num_classes) != classes)
+    throw InputError(p.num_classes_where + ": num_classes " + std::to_string(p.num_classes) + " but the label map " +
+                     p.label_map + " lists " + std::to_string(classes) + " classes; make them agree");
+  return spec;
+}
+
+}  // namespace
+
 DataSpec read_data_yaml(const std::string& path) {
+  if (is_pipeline_config(path)) return data_spec_of_pipeline(path);
   const YAML::Node root = load_yaml_file(path, "data YAML");
   if (!root.IsMap())
     throw InputError(path + ": a data YAML is a mapping with path, train, val and names (docs/data.md)");

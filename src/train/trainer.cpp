@@ -36,7 +36,7 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .epochs(t.epochs)
       .steps(t.steps)
       .weight_decay(t.weight_decay)
-      .optimizer(OptimizerOptions().kind(optimizer_kind_from(t.optimizer)).momentum(t.momentum).nesterov(t.nesterov))
+      .optimizer(OptimizerOptions().kind(optimizer_kind_from(t.optimizer)).momentum(t.momentum).nesterov(t.nesterov).eps(t.eps))
       .schedule(ScheduleOptions()
                     .kind(lr_schedule_from(t.schedule))
                     .lr0(t.lr0)

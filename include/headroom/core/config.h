@@ -164,6 +164,7 @@ struct TrainConfig {
   double lr0 = 0.01;
   double lrf = 0.01;
   double momentum = 0.937;          // SGD momentum, Adam beta1
+  double eps = 1e-8;                // Adam / AdamW epsilon (the TF OD API's Keras Adam: 1e-7)
   bool nesterov = true;
   double weight_decay = 5e-4;       // scaled by batch * accumulate / nominal_batch, as Ultralytics
   std::string schedule = "linear";  // linear | cosine | manual

@@ -1,0 +1,533 @@
+#include "headroom/core/pipeline_config.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/files.h"
+#include "headroom/core/text.h"
+#include "headroom/proto/pipeline.pb.h"
+
+namespace headroom {
+
+namespace fs = std::filesystem;
+namespace pb = google::protobuf;
+
+bool is_pipeline_config(const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const InputError&) {
+    return false;
+  }
+  // The first identifier outside comments; YAML configs start with `name:`, `model:` ... and a
+  // pipeline with `model {`.
+  static const std::regex kFirst(R"(^(?:\s*#[^\n]*\n|\s+)*([A-Za-z_]+)\s*(\{|:\s*\{|:\s*"))");
+  std::smatch m;
+  if (!std::regex_search(text, m, kFirst)) return false;
+  static const std::set<std::string> kTop = {"model", "train_config", "train_input_reader", "eval_config",
+                                             "eval_input_reader"};
+  return kTop.count(m[1].str()) > 0 && (m[2].str() == "{" || m[2].str().find('{') != std::string::npos);
+}
+
+namespace {
+
+// The text parser's errors (which stop it) and warnings (unknown fields, which it skips).
+class Collector : public pb::io::ErrorCollector {
+ public:
+  explicit Collector(std::string file) : file_(std::move(file)) {}
+  void AddError(int line, int column, const std::string& message) override {
+    errors.push_back({format_location(file_, line + 1, column + 1), message});
+  }
+  void AddWarning(int line, int column, const std::string& message) override {
+    warnings.push_back({format_location(file_, line + 1, column + 1), message});
+  }
+  std::vector<std::pair<std::string, std::string>> errors, warnings;
+
+ private:
+  std::string file_;
+};
+
+// A message with the parse tree that locates its fields in the file.
+struct At {
+  const std::string* file;
+  const pb::TextFormat::ParseInfoTree* tree;  // null where the message was not written
+  const pb::Message* msg;
+  std::string path;                           // "train_config.optimizer"
+
+  const pb::FieldDescriptor* field(const std::string& name) const { return msg->GetDescriptor()->FindFieldByName(name); }
+  std::string line(const std::string& name, int index = -1) const {
+    const pb::FieldDescriptor* f = field(name);
+    if (tree && f) {
+      const auto loc = tree->GetLocation(f, f->is_repeated() ? std::max(index, 0) : -1);
+      if (loc.line >= 0) return format_location(*file, loc.line + 1);
+    }
+    return *file;
+  }
+  At nested(const std::string& name, int index = -1) const {
+    const pb::FieldDescriptor* f = field(name);
+    const pb::Reflection* r = msg->GetReflection();
+    const pb::Message& child = f->is_repeated() ? r->GetRepeatedMessage(*msg, f, index) : r->GetMessage(*msg, f);
+    return {file, tree ? tree->GetTreeForNested(f, f->is_repeated() ? index : -1) : nullptr, &child,
+            path.empty() ? name : path + "." + name};
+  }
+  std::string name(const std::string& field_name) const { return path.empty() ? field_name : path + "." + field_name; }
+};
+
+// What to use instead of a field Headroom does not read, by field name.
+const std::map<std::string, std::string>& advice() {
+  static const std::map<std::string, std::string> a = {
+      {"ssd", "Headroom trains CenterNet from a pipeline.config; for SSD-like one-stage detectors use a YOLO config (configs/yolov8s.yaml)"},
+      {"faster_rcnn", "Headroom trains CenterNet from a pipeline.config; two-stage detectors are not built"},
+      {"keypoint_estimation_task", "Headroom's CenterNet detects boxes only"},
+      {"mask_estimation_task", "Headroom's CenterNet detects boxes only"},
+      {"densepose_estimation_task", "Headroom's CenterNet detects boxes only"},
+      {"track_estimation_task", "Headroom's CenterNet detects boxes only"},
+      {"temporal_offset_task", "Headroom's CenterNet detects boxes only"},
+      {"graph_rewriter", "quantisation-aware training is not built; export to ONNX and quantise there"},
+      {"external_input_reader", "give the data as TFRecord files (tf_record_input_reader)"},
+      {"exponential_decay_learning_rate", "not built yet; manual_step_learning_rate with the same rates at the decay steps does it"},
+      {"rms_prop_optimizer", "Headroom's optimizers are adam_optimizer and momentum_optimizer (SGD)"},
+  };
+  return a;
+}
+
+// The augmentation options Headroom runs (docs/augmentation.md).
+const char* kAugmentations = "random_horizontal_flip, random_vertical_flip, random_crop_image, random_adjust_hue, "
+                             "random_adjust_contrast, random_adjust_saturation, random_adjust_brightness, "
+                             "random_absolute_pad_image";
+
+// The pipeline's numbers are float32: written in the fewest digits that read back as the same
+// float (0.1, not 0.100000001).
+std::string yaml_number(float v) {
+  char b[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, double(v));
+    if (std::strtof(b, nullptr) == v) break;
+  }
+  return b;
+}
+
+// A message's fields as given in the file (TF's defaults left to Headroom's TF defaults), as a
+// YAML flow map: {min_aspect_ratio: 0.5, random_coef: 0.25}.
+std::string flow_map(const pb::Message& m) {
+  std::vector<const pb::FieldDescriptor*> set;
+  m.GetReflection()->ListFields(m, &set);
+  const pb::Reflection* r = m.GetReflection();
+  std::string out = "{";
+  for (const pb::FieldDescriptor* f : set) {
+    if (out.size() > 1) out += ", ";
+    out += f->name() + ": ";
+    auto scalar = [&](int i) -> std::string {
+      switch (f->cpp_type()) {
+        case pb::FieldDescriptor::CPPTYPE_FLOAT: return yaml_number(i < 0 ? r->GetFloat(m, f) : r->GetRepeatedFloat(m, f, i));
+        case pb::FieldDescriptor::CPPTYPE_INT32: return std::to_string(i < 0 ? r->GetInt32(m, f) : r->GetRepeatedInt32(m, f, i));
+        case pb::FieldDescriptor::CPPTYPE_INT64: return std::to_string(i < 0 ? r->GetInt64(m, f) : r->GetRepeatedInt64(m, f, i));
+        case pb::FieldDescriptor::CPPTYPE_BOOL: return (i < 0 ? r->GetBool(m, f) : r->GetRepeatedBool(m, f, i)) ? "true" : "false";
+        default: return "null";  // not in any augmentation message
+      }
+    };
+    if (f->is_repeated()) {
+      out += "[";
+      for (int i = 0; i < r->FieldSize(m, f); ++i) out += (i ? ", " : "") + scalar(i);
+      out += "]";
+    } else {
+      out += scalar(-1);
+    }
+  }
+  return out + "}";
+}
+
+class Mapper {
+ public:
+  Mapper(const std::string& file, PipelineConfig& out) : file_(file), out_(out) {}
+
+  void set(const std::string& key, const std::string& value, const std::string& where, const std::string& from) {
+    out_.settings.push_back({key, value, where, from});
+  }
+  void problem(const std::string& where, const std::string& what) { problems_.push_back(where + ": " + what); }
+  void note(const std::string& where, const std::string& what) { out_.notes.push_back(where + ": " + what); }
+
+  // Every field written in `at` that is not in `handled` is refused: nothing is silently dropped.
+  void only(const At& at, std::initializer_list<const char*> handled) {
+    std::vector<const pb::FieldDescriptor*> set;
+    at.msg->GetReflection()->ListFields(*at.msg, &set);
+    for (const pb::FieldDescriptor* f : set) {
+      if (std::find_if(handled.begin(), handled.end(), [&](const char* h) { return f->name() == h; }) != handled.end())
+        continue;
+      const auto a = advice().find(f->name());
+      problem(at.line(f->name(), 0), at.name(f->name()) + " is not supported by Headroom" +
+                                         (a != advice().end() ? ": " + a->second : "; remove it (docs/tfod.md lists what is read)"));
+    }
+  }
+
+  std::vector<std::string> problems_;
+  int unknown_augmentations = 0;  // options of PreprocessingStep the parser skipped
+
+ private:
+  const std::string& file_;
+  PipelineConfig& out_;
+};
+
+std::string resolved(const std::string& config, const std::string& p) {
+  const fs::path path(p);
+  return (path.is_absolute() ? path : fs::absolute(config).parent_path() / path).lexically_normal().string();
+}
+
+void map_model(const At& model, Mapper& m, PipelineConfig& out) {
+  m.only(model, {"center_net"});
+  if (!model.msg->GetReflection()->HasField(*model.msg, model.field("center_net"))) {
+    m.problem(model.line("center_net"), "the model is not center_net: Headroom trains CenterNet from a pipeline.config");
+    return;
+  }
+  const At cn = model.nested("center_net");
+  m.only(cn, {"num_classes", "feature_extractor", "image_resizer", "object_detection_task", "object_center_params"});
+  const auto& c = static_cast<const tf::CenterNet&>(*cn.msg);
+  out.data.num_classes = c.num_classes();
+  out.data.num_classes_where = cn.line("num_classes");
+
+  const At fe = cn.nested("feature_extractor");
+  m.only(fe, {"type", "channel_means", "channel_stds", "bgr_ordering"});
+  static const std::map<std::string, std::string> kBackbones = {
+      {"hourglass_104", "centernet_hg104"}, {"hourglass_52", "centernet_hg52"}, {"hourglass_32", "centernet_hg32"},
+      {"hourglass_20", "centernet_hg20"}, {"hourglass_10", "centernet_hg10"}};
+  const std::string type = c.feature_extractor().type();
+  if (const auto it = kBackbones.find(type); it != kBackbones.end())
+    m.set("model.file", "models/" + it->second + ".yaml", fe.line("type"), "feature_extractor.type " + type);
+  else
+    m.problem(fe.line("type"), "feature_extractor type '" + type + "' is not built by Headroom: hourglass_10, _20, _32, _52 "
+              "and _104 are (for a lighter backbone, a Headroom config with models/centernet_csp.yaml)");
+  if (c.feature_extractor().channel_means_size() || c.feature_extractor().channel_stds_size() || c.feature_extractor().has_bgr_ordering())
+    m.note(fe.line(c.feature_extractor().channel_means_size() ? "channel_means" : "bgr_ordering", 0),
+           "channel_means, channel_stds, bgr_ordering: Headroom's models take RGB scaled to [0, 1]; from scratch the "
+           "first convolution, which a BatchNorm follows, absorbs the normalisation (weights imported from TF would need it)");
+
+  const At resizer = cn.nested("image_resizer");
+  m.only(resizer, {"keep_aspect_ratio_resizer", "fixed_shape_resizer"});
+  const auto& ir = c.image_resizer();
+  if (ir.has_keep_aspect_ratio_resizer()) {
+    const At k = resizer.nested("keep_aspect_ratio_resizer");
+    m.only(k, {"min_dimension", "max_dimension", "pad_to_max_dimension", "resize_method"});
+    const auto& r = ir.keep_aspect_ratio_resizer();
+    if (r.min_dimension() != r.max_dimension())
+      m.problem(k.line("min_dimension"), "keep_aspect_ratio_resizer with min_dimension " + std::to_string(r.min_dimension()) +
+                " and max_dimension " + std::to_string(r.max_dimension()) + ": Headroom scales the long side to one size "
+                "(data.imgsz) and pads to a square; give both the same value");
+    if (!r.pad_to_max_dimension())
+      m.note(k.line("pad_to_max_dimension"), "pad_to_max_dimension false: Headroom pads every image to a square (the batch needs one size)");
+    if (r.resize_method() != tf::ResizeType::BILINEAR)
+      m.problem(k.line("resize_method"), "resize_method: Headroom resizes bilinearly; remove the field");
+    m.set("data.imgsz", std::to_string(r.max_dimension()), k.line("max_dimension"), "keep_aspect_ratio_resizer max_dimension");
+  } else if (ir.has_fixed_shape_resizer()) {
+    const At f = resizer.nested("fixed_shape_resizer");
+    m.only(f, {"height", "width", "resize_method"});
+    const auto& r = ir.fixed_shape_resizer();
+    if (r.height() != r.width())
+      m.problem(f.line("height"), "fixed_shape_resizer " + std::to_string(r.height()) + "x" + std::to_string(r.width()) +
+                ": Headroom trains on squares; give height = width");
+    if (r.resize_method() != tf::ResizeType::BILINEAR)
+      m.problem(f.line("resize_method"), "resize_method: Headroom resizes bilinearly; remove the field");
+    m.note(f.line("height"), "fixed_shape_resizer: Headroom keeps the aspect ratio and pads (letterbox) where TF stretches");
+    m.set("data.imgsz", std::to_string(r.height()), f.line("height"), "fixed_shape_resizer height");
+  } else {
+    m.problem(cn.line("image_resizer"), "center_net needs an image_resizer (keep_aspect_ratio_resizer or fixed_shape_resizer)");
+  }
+
+  // TF: center * object_center_loss_weight + task_loss_weight * (scale * S + offset * O).
+  const At task = cn.nested("object_detection_task");
+  m.only(task, {"task_loss_weight", "offset_loss_weight", "scale_loss_weight", "localization_loss"});
+  const auto& od = c.object_detection_task();
+  if (od.has_localization_loss()) m.only(task.nested("localization_loss"), {"l1_localization_loss"});
+  m.set("loss.scale_loss_weight", yaml_number(od.task_loss_weight() * od.scale_loss_weight()), task.line("scale_loss_weight"),
+        "object_detection_task task_loss_weight x scale_loss_weight");
+  m.set("loss.offset_loss_weight", yaml_number(od.task_loss_weight() * od.offset_loss_weight()), task.line("offset_loss_weight"),
+        "object_detection_task task_loss_weight x offset_loss_weight");
+  const At center = cn.nested("object_center_params");
+  m.only(center, {"object_center_loss_weight", "classification_loss", "min_box_overlap_iou", "max_box_predictions"});
+  const auto& oc = c.object_center_params();
+  if (oc.has_classification_loss()) {
+    const At loss = center.nested("classification_loss");
+    m.only(loss, {"penalty_reduced_logistic_focal_loss"});
+    const auto& focal = oc.classification_loss().penalty_reduced_logistic_focal_loss();
+    if ((focal.has_alpha() && focal.alpha() != 2.0f) || (focal.has_beta() && focal.beta() != 4.0f))
+      m.problem(loss.line("penalty_reduced_logistic_focal_loss"), "the focal loss's alpha and beta are CenterNet's 2 and 4 in Headroom");
+  }
+  m.set("loss.task_loss_weight", yaml_number(oc.object_center_loss_weight()), center.line("object_center_loss_weight"),
+        "object_center_params object_center_loss_weight");
+  m.set("loss.min_overlap", yaml_number(oc.min_box_overlap_iou()), center.line("min_box_overlap_iou"), "min_box_overlap_iou");
+  m.set("eval.max_det", std::to_string(oc.max_box_predictions()), center.line("max_box_predictions"), "max_box_predictions");
+}
+
+void map_learning_rate(const At& lr, int64_t num_steps, Mapper& m) {
+  m.only(lr, {"constant_learning_rate", "manual_step_learning_rate", "cosine_decay_learning_rate"});
+  const auto& l = static_cast<const tf::LearningRate&>(*lr.msg);
+  if (l.has_constant_learning_rate()) {
+    const At c = lr.nested("constant_learning_rate");
+    m.only(c, {"learning_rate"});
+    m.set("train.lr0", yaml_number(l.constant_learning_rate().learning_rate()), c.line("learning_rate"), "constant_learning_rate");
+    m.set("train.schedule", "linear", c.line("learning_rate"), "constant_learning_rate");
+    m.set("train.lrf", "1", c.line("learning_rate"), "constant_learning_rate");
+  } else if (l.has_manual_step_learning_rate()) {
+    const At s = lr.nested("manual_step_learning_rate");
+    m.only(s, {"initial_learning_rate", "schedule", "warmup"});
+    const auto& ms = l.manual_step_learning_rate();
+    if (ms.warmup())
+      m.problem(s.line("warmup"), "manual_step_learning_rate warmup (a ramp between the steps) is not built; remove it");
+    std::string steps = "[", values = "[";
+    for (int i = 0; i < ms.schedule_size(); ++i) {
+      steps += (i ? ", " : "") + std::to_string(ms.schedule(i).step());
+      values += (i ? ", " : "") + yaml_number(ms.schedule(i).learning_rate());
+    }
+    m.set("train.lr0", yaml_number(ms.initial_learning_rate()), s.line("initial_learning_rate"), "manual_step_learning_rate");
+    if (ms.schedule_size() == 0) {
+      m.set("train.schedule", "linear", s.line("initial_learning_rate"), "manual_step_learning_rate without steps");
+      m.set("train.lrf", "1", s.line("initial_learning_rate"), "manual_step_learning_rate without steps");
+    } else {
+      m.set("train.schedule", "manual", s.line("schedule", 0), "manual_step_learning_rate");
+      m.set("train.lr_steps", steps + "]", s.line("schedule", 0), "manual_step_learning_rate schedule step");
+      m.set("train.lr_values", values + "]", s.line("schedule", 0), "manual_step_learning_rate schedule learning_rate");
+    }
+  } else if (l.has_cosine_decay_learning_rate()) {
+    const At s = lr.nested("cosine_decay_learning_rate");
+    m.only(s, {"learning_rate_base", "total_steps", "warmup_learning_rate", "warmup_steps", "hold_base_rate_steps"});
+    const auto& cd = l.cosine_decay_learning_rate();
+    if (cd.warmup_steps() > 0 || cd.hold_base_rate_steps() > 0)
+      m.problem(s.line(cd.warmup_steps() > 0 ? "warmup_steps" : "hold_base_rate_steps"),
+                "cosine_decay_learning_rate with warmup_steps or hold_base_rate_steps is not built yet; use "
+                "manual_step_learning_rate, or cosine decay without warmup");
+    if (cd.total_steps() != num_steps)
+      m.problem(s.line("total_steps"), "cosine_decay_learning_rate total_steps " + std::to_string(cd.total_steps()) +
+                " differs from num_steps " + std::to_string(num_steps) + ": Headroom's cosine spans the run");
+    m.set("train.lr0", yaml_number(cd.learning_rate_base()), s.line("learning_rate_base"), "cosine_decay_learning_rate");
+    m.set("train.schedule", "cosine", s.line("learning_rate_base"), "cosine_decay_learning_rate");
+    m.set("train.lrf", "0", s.line("learning_rate_base"), "cosine_decay_learning_rate (down to 0)");
+  } else if (!l.has_exponential_decay_learning_rate()) {
+    m.problem(lr.line(""), "the optimizer needs a learning_rate (constant, manual_step or cosine_decay)");
+  }
+}
+
+void map_train(const At& train, Mapper& m) {
+  m.only(train, {"batch_size", "data_augmentation_options", "optimizer", "fine_tune_checkpoint", "fine_tune_checkpoint_type",
+                 "fine_tune_checkpoint_version", "num_steps", "max_number_of_boxes", "unpad_groundtruth_tensors",
+                 "use_bfloat16", "gradient_clipping_by_norm", "add_regularization_loss"});
+  const auto& t = static_cast<const tf::TrainConfig&>(*train.msg);
+  m.set("train.batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size");
+  m.set("train.nominal_batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size (one optimizer step per batch)");
+  if (t.num_steps() <= 0)
+    m.problem(train.line("num_steps"), "num_steps 0 means training forever in TF; give the number of steps");
+  else
+    m.set("train.steps", std::to_string(t.num_steps()), train.line("num_steps"), "num_steps");
+  m.set("train.warmup_epochs", "0", train.line("optimizer"), "no warmup unless the schedule has one");
+
+  for (int i = 0; i < t.data_augmentation_options_size(); ++i) {
+    const At step = train.nested("data_augmentation_options", i);
+    std::vector<const pb::FieldDescriptor*> set;
+    step.msg->GetReflection()->ListFields(*step.msg, &set);
+    if (set.empty()) {  // an option the parser skipped was reported with its line already
+      if (m.unknown_augmentations == 0)
+        m.problem(train.line("data_augmentation_options", i), std::string("an augmentation option Headroom does not run; it runs ") + kAugmentations);
+      continue;
+    }
+    const std::string name = set[0]->name();
+    const pb::Message& op = step.msg->GetReflection()->GetMessage(*step.msg, set[0]);
+    if (name == "random_horizontal_flip" || name == "random_vertical_flip") m.only(step.nested(name), {"probability"});
+    m.set("augment." + name, flow_map(op), train.line("data_augmentation_options", i), "data_augmentation_options " + name);
+  }
+
+  const At opt = train.nested("optimizer");
+  m.only(opt, {"adam_optimizer", "momentum_optimizer", "use_moving_average", "moving_average_decay"});
+  const auto& o = t.optimizer();
+  if (o.has_adam_optimizer()) {
+    const At a = opt.nested("adam_optimizer");
+    m.only(a, {"learning_rate", "epsilon"});
+    m.set("train.optimizer", "adam", opt.line("adam_optimizer"), "adam_optimizer");
+    m.set("train.momentum", "0.9", opt.line("adam_optimizer"), "adam_optimizer (Keras beta_1 0.9, beta_2 0.999)");
+    m.set("train.eps", yaml_number(o.adam_optimizer().epsilon()), a.line("epsilon"), "adam_optimizer epsilon");
+    m.set("train.weight_decay", "0", opt.line("adam_optimizer"), "adam_optimizer (no weight decay)");
+    map_learning_rate(a.nested("learning_rate"), t.num_steps(), m);
+  } else if (o.has_momentum_optimizer()) {
+    const At a = opt.nested("momentum_optimizer");
+    m.only(a, {"learning_rate", "momentum_optimizer_value"});
+    m.set("train.optimizer", "sgd", opt.line("momentum_optimizer"), "momentum_optimizer");
+    m.set("train.momentum", yaml_number(o.momentum_optimizer().momentum_optimizer_value()), a.line("momentum_optimizer_value"),
+          "momentum_optimizer momentum_optimizer_value");
+    m.set("train.nesterov", "false", opt.line("momentum_optimizer"), "momentum_optimizer (not Nesterov)");
+    m.set("train.weight_decay", "0", opt.line("momentum_optimizer"), "momentum_optimizer (no weight decay)");
+    map_learning_rate(a.nested("learning_rate"), t.num_steps(), m);
+  } else if (!o.has_rms_prop_optimizer()) {
+    m.problem(train.line("optimizer"), "train_config needs an optimizer: adam_optimizer or momentum_optimizer (SGD)");
+  }
+  m.set("train.ema", o.use_moving_average() ? "true" : "false", opt.line("use_moving_average"), "use_moving_average");
+  if (o.use_moving_average()) {
+    m.set("train.ema_decay", yaml_number(o.moving_average_decay()), opt.line("moving_average_decay"), "moving_average_decay");
+    m.set("train.ema_tau", "1", opt.line("moving_average_decay"), "moving_average_decay (TF's average has no warm-up ramp)");
+  }
+
+  if (!t.fine_tune_checkpoint().empty())
+    m.problem(train.line("fine_tune_checkpoint"), "fine_tune_checkpoint: reading TF2 checkpoints (ckpt-0.index and its data "
+              "files) is not built yet; remove the line to train from scratch, or start from PyTorch CenterNet weights "
+              "with a Headroom config (model.init_from: ctdet_coco_hg.pth)");
+  else if (t.has_fine_tune_checkpoint_type() || t.has_fine_tune_checkpoint_version())
+    m.note(train.line(t.has_fine_tune_checkpoint_type() ? "fine_tune_checkpoint_type" : "fine_tune_checkpoint_version"),
+           "fine_tune_checkpoint_type/version: no fine_tune_checkpoint is given");
+  if (t.has_max_number_of_boxes())
+    m.note(train.line("max_number_of_boxes"), "max_number_of_boxes: Headroom trains on every box of an image (TF pads or cuts to this many)");
+  if (t.has_unpad_groundtruth_tensors())
+    m.note(train.line("unpad_groundtruth_tensors"), "unpad_groundtruth_tensors: Headroom's batches carry box counts, not padding");
+  if (t.use_bfloat16()) m.set("train.amp", "bf16", train.line("use_bfloat16"), "use_bfloat16");
+  if (t.gradient_clipping_by_norm() > 0)
+    m.set("train.clip_grad", yaml_number(t.gradient_clipping_by_norm()), train.line("gradient_clipping_by_norm"),
+          "gradient_clipping_by_norm");
+  if (t.has_add_regularization_loss())
+    m.note(train.line("add_regularization_loss"), "add_regularization_loss: CenterNet's layers carry no regularisation loss");
+}
+
+// One input reader's files; `shuffle_expected` is what Headroom does with that split.
+std::vector<std::string> map_reader(const At& reader, const std::string& file, bool training, Mapper& m,
+                                    std::string& label_map, std::string& label_map_where) {
+  m.only(reader, {"label_map_path", "tf_record_input_reader", "shuffle", "num_readers", "num_epochs"});
+  const auto& r = static_cast<const tf::InputReader&>(*reader.msg);
+  if (!r.has_tf_record_input_reader() || r.tf_record_input_reader().input_path_size() == 0) {
+    m.problem(reader.line("tf_record_input_reader"), reader.path + " needs tf_record_input_reader { input_path: ... }");
+    return {};
+  }
+  const At rec = reader.nested("tf_record_input_reader");
+  m.only(rec, {"input_path"});
+  std::vector<std::string> paths;
+  for (const auto& p : r.tf_record_input_reader().input_path()) paths.push_back(resolved(file, p));
+  if (!r.label_map_path().empty()) {
+    const std::string lm = resolved(file, r.label_map_path());
+    if (!label_map.empty() && lm != label_map)
+      m.problem(reader.line("label_map_path"), "the readers name different label maps (" + label_map + ", " + lm + "); Headroom needs one");
+    if (label_map.empty()) label_map = lm, label_map_where = reader.line("label_map_path");
+  }
+  if (training && r.has_shuffle() && !r.shuffle())
+    m.problem(reader.line("shuffle"), "shuffle false for training: Headroom shuffles the training split every epoch; remove it");
+  if (!training && r.shuffle() && r.has_shuffle())
+    m.note(reader.line("shuffle"), "shuffle: Headroom validates in file order");
+  if (r.has_num_readers())
+    m.note(reader.line("num_readers"), "num_readers: Headroom reads with data.workers threads (auto: every core)");
+  if (r.has_num_epochs() && !(r.num_epochs() == 1 && !training))
+    m.note(reader.line("num_epochs"), "num_epochs: Headroom's length is train_config num_steps; validation reads the split once");
+  return paths;
+}
+
+}  // namespace
+
+PipelineConfig read_pipeline_config(const std::string& path) {
+  const std::string text = read_file(path);
+  tf::TrainEvalPipelineConfig p;
+  pb::TextFormat::Parser parser;
+  Collector collected(path);
+  parser.RecordErrorsTo(&collected);
+  parser.AllowUnknownField(true);  // reported below, each with its line and what to do
+  pb::TextFormat::ParseInfoTree tree;
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(text, &p)) {
+    const auto& e = collected.errors.empty() ? std::pair<std::string, std::string>{path, "not protobuf text"} : collected.errors.front();
+    throw InputError(e.first + ": " + e.second + " (a pipeline.config is protobuf text: `model { center_net { ... } }`)");
+  }
+  PipelineConfig out;
+  Mapper m(path, out);
+  // Fields the parser skipped: a field of the OD API Headroom does not read, or a misspelling.
+  static const std::regex kUnknown(R"re(Message type "headroom\.tf\.([A-Za-z_.]+)" has no field named "([^"]+)")re");
+  for (const auto& [where, message] : collected.warnings) {
+    std::smatch w;
+    if (!std::regex_search(message, w, kUnknown)) {
+      m.problem(where, message);
+      continue;
+    }
+    const std::string field = w[2].str();
+    const auto a = advice().find(field);
+    std::string what = field + " is not read by Headroom";
+    if (a != advice().end()) {
+      what += ": " + a->second;
+    } else if (const pb::Descriptor* d = pb::DescriptorPool::generated_pool()->FindMessageTypeByName("headroom.tf." + w[1].str())) {
+      std::vector<std::string> names;
+      for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+      const std::string near = nearest_match(field, names);
+      if (!near.empty())
+        what += "; did you mean '" + near + "'?";
+      else if (w[1].str() == "PreprocessingStep")
+        what += std::string("; the augmentation options Headroom runs are ") + kAugmentations;
+      else
+        what += " (docs/tfod.md lists what is read)";
+    }
+    if (w[1].str() == "PreprocessingStep") ++m.unknown_augmentations;
+    m.problem(where, what);
+  }
+
+  const At root{&path, &tree, &p, ""};
+  m.only(root, {"model", "train_config", "train_input_reader", "eval_config", "eval_input_reader"});
+  map_model(root.nested("model"), m, out);
+  map_train(root.nested("train_config"), m);
+  out.data.train = map_reader(root.nested("train_input_reader"), path, true, m, out.data.label_map, out.data.label_map_where);
+  out.data.train_where = root.line("train_input_reader");
+  if (p.eval_input_reader_size() > 1)
+    m.problem(root.line("eval_input_reader", 1), "Headroom validates one split: keep one eval_input_reader");
+  if (p.eval_input_reader_size() > 0) {
+    out.data.val = map_reader(root.nested("eval_input_reader", 0), path, false, m, out.data.label_map, out.data.label_map_where);
+    out.data.val_where = root.line("eval_input_reader", 0);
+  }
+  if (out.data.label_map.empty())
+    m.problem(root.line("train_input_reader"), "no label_map_path in the input readers: Headroom takes the classes from the label map");
+  m.set("data.dataset", fs::absolute(path).lexically_normal().string(), root.line("train_input_reader"),
+        "train_input_reader and eval_input_reader (TFRecord files and label map)");
+
+  const At eval = root.nested("eval_config");
+  m.only(eval, {"metrics_set", "batch_size", "use_moving_averages", "num_examples", "num_visualizations"});
+  const auto& e = p.eval_config();
+  for (int i = 0; i < e.metrics_set_size(); ++i)
+    if (e.metrics_set(i) != "coco_detection_metrics")
+      m.problem(eval.line("metrics_set", i), "metrics_set '" + e.metrics_set(i) + "': Headroom computes coco_detection_metrics");
+  if (e.has_batch_size()) m.note(eval.line("batch_size"), "batch_size: Headroom validates in batches of train_config batch_size");
+  if (e.has_use_moving_averages() && e.use_moving_averages() != p.train_config().optimizer().use_moving_average())
+    m.note(eval.line("use_moving_averages"), "use_moving_averages: Headroom validates the moving average exactly when it keeps one");
+  if (e.has_num_examples()) m.note(eval.line("num_examples"), "num_examples: Headroom validates the whole eval split");
+  if (e.has_num_visualizations()) m.note(eval.line("num_visualizations"), "num_visualizations: Headroom draws its own plots");
+  if (!p.has_eval_config() && p.eval_input_reader_size() == 0)
+    m.set("train.val_every", "0", path, "no eval_input_reader");
+
+  if (!m.problems_.empty()) {
+    std::string msg = path + ": " + std::to_string(m.problems_.size()) + " field" + (m.problems_.size() > 1 ? "s" : "") +
+                      " of this pipeline.config Headroom cannot run as written:";
+    for (const auto& s : m.problems_) msg += "\n  " + s;
+    throw InputError(msg);
+  }
+  return out;
+}
+
+std::string pipeline_to_yaml(const PipelineConfig& p, const std::string& path) {
+  std::string out = "# The Headroom run config that " + path + " means (trainer config convert).\n"
+                    "# Each key says the pipeline field it comes from; paths were resolved against the\n"
+                    "# pipeline's folder. Fields read without an effect here:\n";
+  for (const auto& n : p.notes) out += "#   " + n + "\n";
+  std::map<std::string, std::vector<const PipelineSetting*>> sections;
+  std::vector<std::string> order;
+  for (const auto& s : p.settings) {
+    const std::string section = s.key.substr(0, s.key.find('.'));
+    if (!sections.count(section)) order.push_back(section);
+    sections[section].push_back(&s);
+  }
+  // The last setting of a key wins, as in the loader.
+  for (const auto& section : order) {
+    out += section + ":\n";
+    std::map<std::string, const PipelineSetting*> last;
+    for (const PipelineSetting* s : sections[section]) last[s->key] = s;
+    std::set<std::string> written;
+    for (const PipelineSetting* s : sections[section]) {
+      if (last[s->key] != s || !written.insert(s->key).second) continue;
+      out += "  " + s->key.substr(section.size() + 1) + ": " + s->value + "  # " + s->from + " (" + s->where + ")\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace headroom

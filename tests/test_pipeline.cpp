@@ -1,0 +1,154 @@
+// TF OD API pipeline.config files: the TF user's own (../shared/fixtures, copied to
+// tests/fixtures/tfod) mapped onto Headroom's keys, refused fields named with their lines, the
+// converted YAML meaning the same, and the pipeline trained on a converted synthetic set.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "headroom/core/config.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/json.h"
+#include "headroom/core/pipeline_config.h"
+#include "headroom/data/convert.h"
+#include "headroom/data/synth.h"
+#include "test_util.h"
+
+using namespace headroom;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string users_pipeline() { return test::read_bytes(std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/tfod/pipeline.config"); }
+
+// The user's pipeline with some of its text replaced, in a folder of its own.
+std::string pipeline_with(const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits) {
+  std::string text = users_pipeline();
+  for (const auto& [from, to] : edits) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+  }
+  const std::string path = test::temp_dir(name) + "/pipeline.config";
+  test::write_bytes(path, text);
+  return path;
+}
+
+const std::pair<std::string, std::string> kNoCheckpoint = {
+    "  fine_tune_checkpoint: \"pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0\"\n", ""};
+
+
+}  // namespace
+
+// The user's pipeline means what configs/centernet_hg104.yaml (its hand translation) says, key
+// for key: model, input size, batch, steps, Adam with TF's epsilon, the manual steps, no moving
+// average, the seven augmentations with their values, the loss weights.
+TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
+  const std::string path = pipeline_with("pipeline-map", {kNoCheckpoint});
+  ASSERT_TRUE(is_pipeline_config(path));
+  EXPECT_FALSE(is_pipeline_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml"));
+  const Config p = load_config(path);
+  const Config hand = load_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml", {"data.dataset=" + path});
+  const Json jp = config_to_json(p), jh = config_to_json(hand);
+  EXPECT_EQ(jp.find("augment")->dump(), jh.find("augment")->dump());
+  for (const char* key : {"batch", "nominal_batch", "steps", "optimizer", "lr0", "schedule", "lr_steps", "lr_values",
+                          "weight_decay", "warmup_epochs", "ema", "momentum", "eps"})
+    EXPECT_EQ(jp.find("train")->find(key)->dump(), jh.find("train")->find(key)->dump()) << key;
+  for (const char* key : {"task_loss_weight", "scale_loss_weight", "offset_loss_weight"})
+    EXPECT_EQ(jp.find("loss")->find(key)->dump(), jh.find("loss")->find(key)->dump()) << key;
+  EXPECT_EQ(p.model.file, hand.model.file);
+  EXPECT_EQ(p.data.imgsz, hand.data.imgsz);
+  EXPECT_DOUBLE_EQ(p.train.eps, 1e-7);
+  EXPECT_DOUBLE_EQ(p.loss.min_overlap, 0.6);
+  EXPECT_EQ(p.eval.max_det, 50);
+  EXPECT_EQ(p.data.dataset, fs::absolute(path).string());
+  // Paths are the pipeline folder's, not the working directory's.
+  const PipelineConfig pc = read_pipeline_config(path);
+  EXPECT_EQ(pc.data.train, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/train.record"});
+  EXPECT_EQ(pc.data.val, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/test.record"});
+  EXPECT_EQ(pc.data.label_map, fs::path(path).parent_path().string() + "/annotations/label_map.pbtxt");
+  // Fields read without an effect are said, with their lines.
+  std::string notes;
+  for (const auto& n : pc.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("pipeline.config:6: channel_means"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("max_number_of_boxes"), std::string::npos) << notes;
+}
+
+// Everything Headroom cannot run is listed at once, each with its line and what to do.
+TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
+  const std::string as_is = pipeline_with("pipeline-as-is", {});
+  std::string e = test::input_error_of([&] { load_config(as_is); });
+  EXPECT_NE(e.find("pipeline.config:100: fine_tune_checkpoint: reading TF2 checkpoints"), std::string::npos) << e;
+
+  const std::string edited = pipeline_with(
+      "pipeline-refused", {kNoCheckpoint,
+                           {"min_box_overlap_iou: 0.6", "min_box_overlap_iuo: 0.6"},
+                           {"type: \"hourglass_104\"", "type: \"resnet_v2_101\""},
+                           {"random_adjust_hue {\n    }", "ssd_random_crop {\n    }"},
+                           {"adam_optimizer {", "rms_prop_optimizer {"},
+                           {"metrics_set: \"coco_detection_metrics\"", "metrics_set: \"pascal_voc_detection_metrics\""}});
+  e = test::input_error_of([&] { load_config(edited); });
+  EXPECT_NE(e.find("5 fields of this pipeline.config Headroom cannot run"), std::string::npos) << e;
+  EXPECT_NE(e.find(":38:26: min_box_overlap_iuo is not read by Headroom; did you mean 'min_box_overlap_iou'?\n"), std::string::npos) << e;
+  EXPECT_NE(e.find(":5: feature_extractor type 'resnet_v2_101' is not built by Headroom"), std::string::npos) << e;
+  EXPECT_NE(e.find("ssd_random_crop is not read by Headroom; the augmentation options Headroom runs are random_horizontal_flip"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("rms_prop_optimizer is not supported by Headroom: Headroom's optimizers are adam_optimizer"), std::string::npos) << e;
+  EXPECT_NE(e.find("metrics_set 'pascal_voc_detection_metrics'"), std::string::npos) << e;
+
+  const std::string decay = pipeline_with(
+      "pipeline-decay", {kNoCheckpoint, {"manual_step_learning_rate {", "exponential_decay_learning_rate {"},
+                         {"          schedule {\n            step: 1000\n            learning_rate: 9.999999747378752e-05\n          }\n"
+                          "          schedule {\n            step: 5000\n            learning_rate: 9.999999747378752e-06\n          }\n", ""}});
+  e = test::input_error_of([&] { load_config(decay); });
+  EXPECT_NE(e.find("1 field of this pipeline.config"), std::string::npos) << e;
+  EXPECT_NE(e.find("exponential_decay_learning_rate is not supported by Headroom: not built yet; manual_step_learning_rate"),
+            std::string::npos) << e;
+
+  const std::string broken = pipeline_with("pipeline-syntax", {{"batch_size: 2", "batch_size: two"}});
+  e = test::input_error_of([&] { load_config(broken); });
+  EXPECT_NE(e.find("pipeline.config:44:"), std::string::npos) << e;
+}
+
+// `config convert` writes YAML that loads to the same configuration as the pipeline itself.
+TEST(Pipeline, ConfigConvertWritesTheConfigItMeans) {
+  const std::string path = pipeline_with("pipeline-convert", {kNoCheckpoint});
+  const std::string yaml = fs::path(path).parent_path().string() + "/run.yaml";
+  test::RunResult r = test::run_trainer("config convert " + path + " -o " + yaml);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = test::read_bytes(yaml);
+  EXPECT_NE(text.find("lr_steps: [1000, 5000]  # manual_step_learning_rate schedule step (" + path + ":"), std::string::npos) << text;
+  EXPECT_EQ(config_to_json(load_config(yaml)).dump(), config_to_json(load_config(path)).dump());
+}
+
+// The user's pipeline, pointed at a one-class synthetic set converted to TFRecords and cut down
+// to a small hourglass at 64 px and 2 steps, trains and validates as `trainer --config` is given it.
+TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
+  const std::string dir = test::temp_dir("pipeline-train");
+  data::SynthOptions s;
+  s.out = dir + "/synth";
+  s.images = 16;
+  s.size = 64;
+  s.classes = 1;
+  s.threads = 2;
+  data::ConvertOptions c;
+  c.from = data::synthesize(s).data_yaml;
+  c.to = data::DataFormat::tfrecord;
+  c.out = dir + "/annotations";
+  data::convert_data(c);
+  fs::rename(dir + "/annotations/val.record", dir + "/annotations/test.record");
+  std::string text = users_pipeline();
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           kNoCheckpoint, {"hourglass_104", "hourglass_10"}, {"min_dimension: 512", "min_dimension: 64"},
+           {"max_dimension: 512", "max_dimension: 64"}, {"num_steps: 5000", "num_steps: 2"}})
+    text.replace(text.find(from), from.size(), to);
+  test::write_bytes(dir + "/pipeline.config", text);
+  const test::RunResult r = test::run_trainer("--config " + dir + "/pipeline.config device=cpu threads=1 data.workers=1 "
+                                              "project=" + dir + "/runs name=p model.file=" + HEADROOM_SOURCE_DIR +
+                                              "/models/centernet_hg10.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("AP50-95"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("channel_means, channel_stds, bgr_ordering"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/runs/p/results.csv"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/p/weights/last.pt"));
+}
