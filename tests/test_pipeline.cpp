@@ -47,6 +47,12 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   const std::string path = pipeline_with("pipeline-map", {kNoCheckpoint});
   ASSERT_TRUE(is_pipeline_config(path));
   EXPECT_FALSE(is_pipeline_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml"));
+  // A Headroom YAML may open with a flow map; a pipeline's model holds a message.
+  const std::string dir = fs::path(path).parent_path().string();
+  test::write_bytes(dir + "/flow.yaml", "# mine\nmodel: {file: mine.yaml}\n");
+  EXPECT_FALSE(is_pipeline_config(dir + "/flow.yaml"));
+  test::write_bytes(dir + "/colon.config", "# theirs\nmodel: {\n  center_net: {\n    num_classes: 1\n  }\n}\n");
+  EXPECT_TRUE(is_pipeline_config(dir + "/colon.config"));
   const Config p = load_config(path);
   const Config hand = load_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml", {"data.dataset=" + path});
   const Json jp = config_to_json(p), jh = config_to_json(hand);

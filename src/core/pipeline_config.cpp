@@ -4,6 +4,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -27,14 +28,42 @@ bool is_pipeline_config(const std::string& path) {
   } catch (const InputError&) {
     return false;
   }
-  // The first identifier outside comments; YAML configs start with `name:`, `model:` ... and a
-  // pipeline with `model {`.
-  static const std::regex kFirst(R"(^(?:\s*#[^\n]*\n|\s+)*([A-Za-z_]+)\s*(\{|:\s*\{|:\s*"))");
-  std::smatch m;
-  if (!std::regex_search(text, m, kFirst)) return false;
+  size_t i = 0;
+  auto skip = [&] {  // whitespace and # comments
+    while (i < text.size()) {
+      if (std::isspace(static_cast<unsigned char>(text[i]))) {
+        ++i;
+      } else if (text[i] == '#') {
+        while (i < text.size() && text[i] != '\n') ++i;
+      } else {
+        break;
+      }
+    }
+  };
+  auto word = [&] {
+    skip();
+    const size_t from = i;
+    while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_')) ++i;
+    return text.substr(from, i - from);
+  };
+  auto next_is = [&](char c) {
+    skip();
+    return i < text.size() && text[i] == c;
+  };
+  // A message field opens with `name {` or `name: {`.
+  auto opens_message = [&] {
+    if (next_is('{')) return ++i, true;
+    if (!next_is(':')) return false;
+    ++i;
+    return next_is('{') ? (++i, true) : false;
+  };
   static const std::set<std::string> kTop = {"model", "train_config", "train_input_reader", "eval_config",
                                              "eval_input_reader"};
-  return kTop.count(m[1].str()) > 0 && (m[2].str() == "{" || m[2].str().find('{') != std::string::npos);
+  const std::string first = word();
+  if (!kTop.count(first) || !opens_message()) return false;
+  // `model: {file: x.yaml}` is a Headroom YAML; a pipeline's model holds a message (center_net {).
+  if (first != "model") return true;
+  return !word().empty() && opens_message();
 }
 
 namespace {
