@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
@@ -229,7 +230,11 @@ TEST(TfRecord, ShardedNamesNeedEveryShard) {
   fs::remove(dir + "/rec/train.record-00001-of-00003");
   const std::string e = test::input_error_of([&] { record_files(dir + "/rec/train.record-?\?\?\?\?-of-00003", "data.yaml:3"); });
   EXPECT_NE(e.find("data.yaml:3: "), std::string::npos) << e;
-  EXPECT_NE(e.find("names 3 shards but 2 are there"), std::string::npos) << e;
+  EXPECT_NE(e.find("train.record-00001-of-00003 is missing (2 of 3 are there)"), std::string::npos) << e;
+  // A '*' glob over the shards checks them too; a shard named alone is read alone.
+  const std::string star = test::input_error_of([&] { record_files(dir + "/rec/train.record-*", "data.yaml:3"); });
+  EXPECT_NE(star.find("train.record-00001-of-00003 is missing"), std::string::npos) << star;
+  EXPECT_EQ(record_files(dir + "/rec/train.record-00002-of-00003", "here").size(), 1u);
 }
 
 TEST(TfRecord, LabelMapErrorsNameTheLineAndTheFieldMeant) {
@@ -263,7 +268,12 @@ TEST(TfRecord, ConversionsKeepBoxesAndClassNamesInEveryDirection) {
   expect_same_samples(original, coco);
   const Split yolo = convert_and_scan(dir + "/b/data.yaml", DataFormat::yolo, dir + "/c");
   expect_same_samples(original, yolo);
-  expect_same_samples(original, convert_and_scan(dir + "/c/data.yaml", DataFormat::tfrecord, dir + "/d"));
+  const Split from_yolo = convert_and_scan(dir + "/c/data.yaml", DataFormat::tfrecord, dir + "/d");
+  expect_same_samples(original, from_yolo);
+  // YOLO labels carry no area: the records get each box's own, in pixels, as the OD API's do.
+  for (const Sample& s : from_yolo.samples)
+    for (const Box& b : s.boxes)
+      EXPECT_NEAR(b.area, (b.x2 - b.x1) * s.width * (b.y2 - b.y1) * s.height, 1e-2) << image_name(s);
   // Every split came along.
   EXPECT_EQ(scan(dir + "/d/data.yaml", OnError::skip, "val").samples.size(),
             scan(test::small_synth(), OnError::skip, "val").samples.size());
@@ -282,6 +292,59 @@ TEST(TfRecord, ConversionsKeepBoxesAndClassNamesInEveryDirection) {
   // Nothing is written over.
   const std::string e = test::input_error_of([&] { convert_data(o); });
   EXPECT_NE(e.find("not empty"), std::string::npos) << e;
+}
+
+// Images whose names collide once in one folder (the same name in two folders; a.jpg beside
+// a.png, whose YOLO labels would both be a.txt) each keep their own file and labels.
+TEST(TfRecord, ConvertedImagesWithCollidingNamesKeepTheirOwnLabels) {
+  const std::string dir = test::temp_dir("tfrecord-collide");
+  Json images = Json::array(), anns = Json::array();
+  const std::vector<std::string> files = {"one/a.jpg", "two/a.jpg", "a.png", "a"};
+  for (size_t i = 0; i < files.size(); ++i) {
+    Image im;
+    im.width = 32 + 16 * int(i), im.height = 32;  // the width tells the images apart
+    im.pixels.assign(size_t(im.width * im.height * 3), uint8_t(40 * i));
+    const std::vector<uint8_t> bytes = i == 2 ? encode_png(im) : encode_jpeg(im, 90);
+    fs::create_directories(fs::path(dir + "/images/" + files[i]).parent_path());
+    test::write_bytes(dir + "/images/" + files[i], std::string(bytes.begin(), bytes.end()));
+    Json e = Json::object();
+    e["id"] = int64_t(i) + 1;
+    e["file_name"] = files[i];
+    e["width"] = im.width;
+    e["height"] = im.height;
+    images.push_back(e);
+    for (size_t k = 0; k <= i; ++k) {  // image i has i + 1 boxes
+      Json a = Json::object();
+      a["id"] = int64_t(anns.size()) + 1;
+      a["image_id"] = int64_t(i) + 1;
+      a["category_id"] = 1;
+      Json bbox = Json::array();
+      for (double v : {2.0 * double(k), 4.0, 8.0, 8.0}) bbox.push_back(v);
+      a["bbox"] = bbox;
+      a["area"] = 64.0;
+      a["iscrowd"] = 0;
+      anns.push_back(a);
+    }
+  }
+  Json coco = Json::object(), cat = Json::object();
+  cat["id"] = 1;
+  cat["name"] = "thing";
+  coco["images"] = images;
+  coco["annotations"] = anns;
+  coco["categories"] = Json::array();
+  coco["categories"].push_back(cat);
+  test::write_bytes(dir + "/instances.json", coco.dump());
+  test::write_bytes(dir + "/data.yaml", "path: .\ntrain: {coco: instances.json, images: images}\n");
+  for (DataFormat to : {DataFormat::yolo, DataFormat::coco}) {
+    const Split out = convert_and_scan(dir + "/data.yaml", to, dir + (to == DataFormat::yolo ? "/yolo" : "/coco"));
+    ASSERT_EQ(out.samples.size(), files.size());
+    std::set<std::string> names;
+    for (const Sample& s : out.samples) {
+      names.insert(fs::path(image_name(s)).filename().string());
+      EXPECT_EQ(s.boxes.size(), size_t((s.width - 32) / 16 + 1)) << image_name(s);
+    }
+    EXPECT_EQ(names.size(), files.size());
+  }
 }
 
 // Records hold the stored image's coordinates (TensorFlow decodes without turning by EXIF);

@@ -10,8 +10,8 @@
 
 namespace headroom {
 
-RecordError::RecordError(const std::string& file, int64_t offset, const std::string& what)
-    : InputError(file + ": record at byte " + std::to_string(offset) + ": " + what), offset_(offset) {}
+RecordError::RecordError(const std::string& file, int64_t offset, const std::string& reason)
+    : InputError(file + ": record at byte " + std::to_string(offset) + ": " + reason), offset_(offset), reason_(reason) {}
 
 uint32_t masked_crc32c(const void* data, size_t size) {
   const uint32_t crc = crc32c(data, size);
@@ -21,12 +21,15 @@ uint32_t masked_crc32c(const void* data, size_t size) {
 namespace {
 constexpr int64_t kHeader = 12, kFooter = 4;
 
-// Reads exactly n bytes at `offset`; false at the end of the file.
-bool read_at(int fd, void* out, size_t n, int64_t offset) {
+// Reads exactly n bytes at `offset` for the record at `record`: false at the end of the file, a
+// RecordError when the system refuses (an I/O error is not a truncated file).
+bool read_at(const std::string& path, int fd, void* out, size_t n, int64_t offset, int64_t record) {
   auto* p = static_cast<char*>(out);
   while (n > 0) {
     const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got <= 0) return false;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw RecordError(path, record, std::string("read error: ") + std::strerror(errno));
+    if (got == 0) return false;
     p += got, n -= size_t(got), offset += got;
   }
   return true;
@@ -36,9 +39,14 @@ bool read_at(int fd, void* out, size_t n, int64_t offset) {
 RecordReader::RecordReader(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st {};
-  if (fd_ < 0 || ::fstat(fd_, &st) != 0)
-    throw InputError(path_ + ": cannot open the TFRecord file: " + std::strerror(errno));
-  size_ = st.st_size;
+  const bool opened = fd_ >= 0 && ::fstat(fd_, &st) == 0;
+  if (opened && S_ISREG(st.st_mode)) {
+    size_ = st.st_size;
+    return;
+  }
+  const std::string why = !opened ? std::strerror(errno) : S_ISDIR(st.st_mode) ? "it is a folder" : "not a regular file";
+  if (fd_ >= 0) ::close(fd_);
+  throw InputError(path_ + ": cannot open the TFRecord file: " + why);
 }
 
 RecordReader::~RecordReader() {
@@ -47,7 +55,7 @@ RecordReader::~RecordReader() {
 
 int64_t RecordReader::length_at(int64_t offset) const {
   unsigned char h[kHeader];
-  if (offset + kHeader > size_ || !read_at(fd_, h, kHeader, offset))
+  if (offset + kHeader > size_ || !read_at(path_, fd_, h, kHeader, offset, offset))
     throw RecordError(path_, offset, "the file ends inside the record's header (truncated file)");
   uint64_t n = 0;
   uint32_t crc = 0;
@@ -63,8 +71,8 @@ int64_t RecordReader::length_at(int64_t offset) const {
 std::string RecordReader::read(int64_t offset) const {
   const int64_t n = length_at(offset);
   std::string data(size_t(n) + kFooter, '\0');
-  if (!read_at(fd_, data.data(), data.size(), offset + kHeader))
-    throw RecordError(path_, offset, "read error");
+  if (!read_at(path_, fd_, data.data(), data.size(), offset + kHeader, offset))
+    throw RecordError(path_, offset, "the file ends inside the record (it shrank after it was indexed)");
   uint32_t crc = 0;
   std::memcpy(&crc, data.data() + n, 4);
   data.resize(size_t(n));
@@ -82,7 +90,7 @@ RecordReader::Index RecordReader::index() const {
       offset += kHeader + n + kFooter;
     }
   } catch (const RecordError& e) {
-    out.error = e.what();
+    out.error = e;
   }
   return out;
 }

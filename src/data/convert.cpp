@@ -1,5 +1,6 @@
 #include "headroom/data/convert.h"
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -33,32 +34,21 @@ std::string names_yaml(const std::vector<std::string>& names) {
   return out;
 }
 
-// File names for a split's images: the sample's own name, its extension from its bytes, and an
-// index in front where two would collide.
-std::vector<std::string> file_names(const Split& split) {
-  std::vector<std::string> out;
-  std::set<std::string> taken;
-  for (size_t i = 0; i < split.samples.size(); ++i) {
-    std::string name = fs::path(image_name(split.samples[i])).filename().string();
-    if (name.empty() || name.find('@') != std::string::npos) name = "image" + std::to_string(i);
-    if (!taken.insert(name).second) {
-      name = std::to_string(i) + "_" + name;
-      taken.insert(name);
-    }
-    out.push_back(name);
-  }
-  return out;
-}
-
-// The image bytes under `dir/name`, with the extension of their format.
-std::string copy_image(const Sample& s, const fs::path& dir, std::string name) {
+// Writes sample i's image under `dir` and returns its file name: the sample's own name with the
+// extension of its bytes' format, the index in front while the stem is taken (YOLO pairs
+// images/<stem>.* with labels/<stem>.txt, so `a.jpg` and `a.png` must not share one).
+std::string copy_image(const Sample& s, size_t i, const fs::path& dir, std::set<std::string>& stems) {
   const std::string bytes = read_image_bytes(s);
   const ImageHeader h = read_image_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   const std::string ext = h.format == ImageFormat::png ? ".png" : ".jpg";
+  std::string name = fs::path(image_name(s)).filename().string();
+  if (name.empty() || name.find('@') != std::string::npos) name = "image" + std::to_string(i);
   fs::path p(name);
-  const std::string e = p.extension().string();
-  if (e != ext && !(ext == ".jpg" && (e == ".jpeg" || e == ".JPG" || e == ".JPEG")) && !(ext == ".png" && e == ".PNG"))
-    name += ext;
+  std::string e = p.extension().string();
+  for (char& c : e) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (e == ".jpeg") e = ".jpg";
+  if (e != ext) name += ext;
+  while (!stems.insert(fs::path(name).stem().string()).second) name = std::to_string(i) + "_" + name;
   write_file_atomic((dir / name).string(), bytes);
   return name;
 }
@@ -73,10 +63,10 @@ void write_yolo(const Split& split, const fs::path& out, ConvertSummary& summary
   const fs::path images = out / "images" / split.name, labels = out / "labels" / split.name;
   fs::create_directories(images);
   fs::create_directories(labels);
-  const std::vector<std::string> names = file_names(split);
+  std::set<std::string> stems;
   for (size_t i = 0; i < split.samples.size(); ++i) {
     const Sample& s = split.samples[i];
-    const std::string file = copy_image(s, images, names[i]);
+    const std::string file = copy_image(s, i, images, stems);
     std::string text;
     for (const Box& b : s.boxes) {
       if (b.crowd) {
@@ -94,7 +84,7 @@ void write_coco(const Split& split, const fs::path& out) {
   const fs::path images = out / "images" / split.name;
   fs::create_directories(images);
   fs::create_directories(out / "annotations");
-  const std::vector<std::string> names = file_names(split);
+  std::set<std::string> stems;
   auto category = [&](int cls) { return split.category_ids.empty() ? cls + 1 : split.category_ids[size_t(cls)]; };
   Json ims = Json::array(), anns = Json::array(), cats = Json::array();
   int64_t ann_id = 1;
@@ -103,7 +93,7 @@ void write_coco(const Split& split, const fs::path& out) {
     const int64_t id = s.image_id >= 0 ? s.image_id : int64_t(i) + 1;
     Json im = Json::object();
     im["id"] = id;
-    im["file_name"] = copy_image(s, images, names[i]);
+    im["file_name"] = copy_image(s, i, images, stems);
     im["width"] = s.width;
     im["height"] = s.height;
     ims.push_back(std::move(im));

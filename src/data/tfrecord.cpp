@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -143,15 +144,23 @@ std::vector<std::string> record_files(const std::string& pattern, const std::str
   std::sort(files.begin(), files.end());
   if (files.empty())
     throw InputError(where + ": " + pattern + " matches no TFRecord file");
-  // A sharded name promises its shard count: a missing shard is missing data.
-  static const std::regex kSharded(R"(.*-[?0-9]+-of-([0-9]+)$)");
-  std::smatch m;
-  if (std::regex_match(pattern, m, kSharded) && pattern.find('?') != std::string::npos) {
-    const size_t want = std::stoul(m[1].str());
-    if (files.size() != want)
-      throw InputError(where + ": " + pattern + " names " + std::to_string(want) + " shards but " +
-                       std::to_string(files.size()) + " are there");
+  // Sharded files promise their count (name-00003-of-00010): a shard a pattern misses, because it
+  // was never written or was deleted, is missing data, not a smaller data set.
+  static const std::regex kSharded(R"((.*)-([0-9]+)-of-([0-9]+)$)");
+  std::map<std::pair<std::string, size_t>, std::set<size_t>> shards;  // (name, count) -> indices present
+  const bool globbed = pattern.find_first_of("*?[") != std::string::npos;  // one file named alone is taken as it is
+  for (const std::string& file : files) {
+    std::smatch m;
+    if (globbed && std::regex_match(file, m, kSharded)) shards[{m[1].str(), std::stoul(m[3].str())}].insert(std::stoul(m[2].str()));
   }
+  for (const auto& [name, present] : shards)
+    for (size_t k = 0; k < name.second; ++k)
+      if (!present.count(k)) {
+        char missing[48];
+        std::snprintf(missing, sizeof missing, "-%05zu-of-%05zu", k, name.second);
+        throw InputError(where + ": " + pattern + ": shard " + name.first + missing + " is missing (" +
+                         std::to_string(present.size()) + " of " + std::to_string(name.second) + " are there)");
+      }
   return files;
 }
 
@@ -183,8 +192,8 @@ std::vector<RecordSpan> record_index(const std::string& file, std::string* error
   }
   const RecordReader reader(file);
   RecordReader::Index index = reader.index();
-  if (error) *error = index.error;
-  if (index.error.empty() && !key.empty()) {
+  if (error && index.error) *error = "record at byte " + std::to_string(index.error->offset()) + ": " + index.error->reason();
+  if (!index.error && !key.empty()) {
     std::string text = key + "\n";
     for (const RecordSpan& s : index.spans) text += std::to_string(s.offset) + " " + std::to_string(s.length) + "\n";
     try {
@@ -273,7 +282,7 @@ Decoded decode_record(const RecordReader& reader, const RecordSpan& span, const 
   try {
     data = reader.read(span.offset);
   } catch (const RecordError& e) {
-    problem(ProblemKind::unreadable_image, e.what() + where.size() + 2, true);
+    problem(ProblemKind::unreadable_image, e.reason(), true);
     return d;
   }
   tf::Example ex;
@@ -385,7 +394,7 @@ RecordScan scan_records(const SplitSource& source, const RecordClasses& classes,
       }
       if (!framing.empty()) {  // what follows a broken frame cannot be found: one problem for all of it
         out.problems.push_back({ProblemKind::unreadable_image, file,
-                                framing.substr(file.size() + 2) + "; the rest of the file cannot be read", true});
+                                framing + "; the rest of the file cannot be read", true});
         Sample lost;
         lost.image = file;
         out.samples.push_back(std::move(lost));
@@ -432,6 +441,7 @@ tf::BytesList& texts(tf::Example& e, const char* key) {
   return *(*e.mutable_features()->mutable_feature())[key].mutable_bytes_list();
 }
 
+// `index` counts from 0; the source id made from it from 1, as a COCO conversion numbers images.
 std::string example_of(const Sample& s, int64_t index, const std::vector<std::string>& names) {
   const std::string encoded = read_image_bytes(s);
   const ImageHeader h = read_image_header(reinterpret_cast<const uint8_t*>(encoded.data()), encoded.size());
@@ -440,7 +450,7 @@ std::string example_of(const Sample& s, int64_t index, const std::vector<std::st
   put_int(e, "image/height", turned ? h.width : h.height);
   put_int(e, "image/width", turned ? h.height : h.width);
   put_bytes(e, "image/filename", image_name(s));
-  put_bytes(e, "image/source_id", std::to_string(s.image_id >= 0 ? s.image_id : index));
+  put_bytes(e, "image/source_id", std::to_string(s.image_id >= 0 ? s.image_id : index + 1));
   put_bytes(e, "image/encoded", encoded);
   put_bytes(e, "image/format", h.format == ImageFormat::png ? "png" : "jpeg");
   // Present even when empty, as the OD API's writers do: a background image is a record without objects.
@@ -453,7 +463,8 @@ std::string example_of(const Sample& s, int64_t index, const std::vector<std::st
     floats(e, "image/object/bbox/xmax").add_value(b.x2);
     floats(e, "image/object/bbox/ymin").add_value(b.y1);
     floats(e, "image/object/bbox/ymax").add_value(b.y2);
-    floats(e, "image/object/area").add_value(b.area);
+    // The OD API's COCO writer stores the pixel area; a box without one gets its own.
+    floats(e, "image/object/area").add_value(b.area > 0 ? b.area : float((double(b.x2) - b.x1) * h.width * (double(b.y2) - b.y1) * h.height));
     ints(e, "image/object/class/label").add_value(b.cls + 1);
     ints(e, "image/object/is_crowd").add_value(b.crowd ? 1 : 0);
     texts(e, "image/object/class/text").add_value(names.at(size_t(b.cls)));

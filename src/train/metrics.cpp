@@ -153,7 +153,7 @@ int64_t TensorBoardWriter::bytes() const { return file_->bytes(); }
 std::vector<TensorBoardScalar> read_tensorboard_scalars(const std::string& path) {
   const RecordReader reader(path);
   const RecordReader::Index index = reader.index();
-  if (!index.error.empty()) throw Error(index.error);
+  if (index.error) throw *index.error;
   std::vector<TensorBoardScalar> out;
   for (const RecordSpan& span : index.spans) {
     tf::Event e;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,13 @@ namespace headroom {
 // message names the file and the record's byte offset.
 class RecordError : public InputError {
  public:
-  RecordError(const std::string& file, int64_t offset, const std::string& what);
+  RecordError(const std::string& file, int64_t offset, const std::string& reason);
   int64_t offset() const { return offset_; }
+  const std::string& reason() const { return reason_; }  // what is wrong, without file and offset
 
  private:
   int64_t offset_;
+  std::string reason_;
 };
 
 // The checksum TFRecord stores: CRC-32C rotated right by 15 bits plus a constant, so that a
@@ -34,8 +37,8 @@ struct RecordSpan {
   int64_t length = 0;  // of the data
 };
 
-// Random access to the records of one file: each read is one pread, so threads may share a
-// reader.
+// Random access to the records of one file: reads are preads at the record's offset, so threads
+// may share a reader.
 class RecordReader {
  public:
   explicit RecordReader(std::string path);  // InputError when the file cannot be opened
@@ -50,7 +53,7 @@ class RecordReader {
   // lost there, so `error` says where and the spans before it are kept.
   struct Index {
     std::vector<RecordSpan> spans;
-    std::string error;  // "" when the whole file was read
+    std::optional<RecordError> error;  // empty when the whole file was read
   };
   Index index() const;
 
