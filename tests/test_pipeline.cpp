@@ -12,6 +12,8 @@
 #include "headroom/core/pipeline_config.h"
 #include "headroom/data/convert.h"
 #include "headroom/data/synth.h"
+#include "headroom/train/schedule.h"
+#include "headroom/train/trainer.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -102,18 +104,65 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   EXPECT_NE(e.find("rms_prop_optimizer is not supported by Headroom: Headroom's optimizers are adam_optimizer"), std::string::npos) << e;
   EXPECT_NE(e.find("metrics_set 'pascal_voc_detection_metrics'"), std::string::npos) << e;
 
-  const std::string decay = pipeline_with(
-      "pipeline-decay", {kNoCheckpoint, {"manual_step_learning_rate {", "exponential_decay_learning_rate {"},
-                         {"          schedule {\n            step: 1000\n            learning_rate: 9.999999747378752e-05\n          }\n"
-                          "          schedule {\n            step: 5000\n            learning_rate: 9.999999747378752e-06\n          }\n", ""}});
-  e = test::input_error_of([&] { load_config(decay); });
-  EXPECT_NE(e.find("1 field of this pipeline.config"), std::string::npos) << e;
-  EXPECT_NE(e.find("exponential_decay_learning_rate is not supported by Headroom: not built yet; manual_step_learning_rate"),
-            std::string::npos) << e;
-
   const std::string broken = pipeline_with("pipeline-syntax", {{"batch_size: 2", "batch_size: two"}});
   e = test::input_error_of([&] { load_config(broken); });
   EXPECT_NE(e.find("pipeline.config:44:"), std::string::npos) << e;
+}
+
+// The OD API's schedules and optimizers, each in place of the user's: the rates Headroom's
+// trainer applies at each step are the OD API's (learning_schedules.py; the expected rates are
+// its own tests' cases), and the optimizer and moving average keys are theirs.
+TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
+  const std::string manual_block = users_pipeline().substr(users_pipeline().find("        manual_step_learning_rate {"),
+                                                          users_pipeline().find("      epsilon:") - users_pipeline().find("        manual_step_learning_rate {"));
+  struct Case {
+    std::string name, rate;  // the learning_rate block's contents
+    std::vector<int64_t> steps;
+    std::vector<double> expected;
+  };
+  const std::vector<Case> cases = {
+      {"cosine", "cosine_decay_learning_rate {\n learning_rate_base: 1.0\n total_steps: 100\n warmup_learning_rate: 0.1\n warmup_steps: 9\n }\n }\n",
+       {0, 4, 8, 9, 100, 4999}, {0.1, 0.5, 0.9, 1.0, 0.0, 0.0}},
+      {"cosine-hold", "cosine_decay_learning_rate {\n learning_rate_base: 1.0\n total_steps: 120\n warmup_learning_rate: 0.1\n warmup_steps: 9\n hold_base_rate_steps: 20\n }\n }\n",
+       {0, 4, 8, 9, 10, 29, 30, 50, 70, 120}, {0.1, 0.5, 0.9, 1.0, 1.0, 1.0, 0.999702, 0.874255, 0.577365, 0.0}},
+      {"exponential", "exponential_decay_learning_rate {\n initial_learning_rate: 1.0\n decay_steps: 3\n decay_factor: 0.1\n burnin_learning_rate: 0.5\n burnin_steps: 2\n min_learning_rate: 0.05\n }\n }\n",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8}, {.5, .5, 1, 1, 1, .1, .1, .1, .05}},
+      {"exponential-smooth", "exponential_decay_learning_rate {\n initial_learning_rate: 1.0\n decay_steps: 2\n decay_factor: 0.25\n staircase: false\n }\n }\n",
+       {0, 1, 2}, {1.0, 0.5, 0.25}},
+      {"manual-warmup", "manual_step_learning_rate {\n initial_learning_rate: 0.02\n schedule { step: 4 learning_rate: 0.1 }\n schedule { step: 6 learning_rate: 0.01 }\n schedule { step: 8 learning_rate: 0.001 }\n warmup: true\n }\n }\n",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {.02, .04, .06, .08, .10, .10, .01, .01, .001, .001}},
+      {"constant", "constant_learning_rate {\n learning_rate: 0.003\n }\n }\n", {0, 2500, 4999}, {0.003, 0.003, 0.003}},
+  };
+  for (const Case& k : cases) {
+    const Config c = load_config(pipeline_with("pipeline-lr-" + k.name, {kNoCheckpoint, {manual_block, k.rate}}));
+    const train::Schedule schedule(train::trainer_options(c, c10::Device(c10::kCPU)).schedule().total_steps(c.train.steps));
+    for (size_t i = 0; i < k.steps.size(); ++i) {
+      EXPECT_NEAR(schedule.rates(k.steps[i], false).lr, k.expected[i], 1e-6) << k.name << " step " << k.steps[i];
+      EXPECT_NEAR(schedule.rates(k.steps[i], true).lr, k.expected[i], 1e-6) << k.name << " step " << k.steps[i];  // biases alike
+    }
+  }
+  // momentum_optimizer is SGD with TF's momentum, without Nesterov or weight decay; the moving
+  // average, bfloat16 and gradient clipping come along.
+  const Config sgd = load_config(pipeline_with(
+      "pipeline-sgd", {kNoCheckpoint,
+                       {"adam_optimizer {", "momentum_optimizer {\n momentum_optimizer_value: 0.8"},
+                       {"      epsilon: 1.0000000116860974e-07\n", ""},
+                       {"use_moving_average: false", "use_moving_average: true\n    moving_average_decay: 0.999"},
+                       {"  num_steps: 5000\n", "  num_steps: 5000\n  use_bfloat16: true\n  gradient_clipping_by_norm: 5.0\n"}}));
+  EXPECT_EQ(sgd.train.optimizer, "sgd");
+  EXPECT_DOUBLE_EQ(sgd.train.momentum, 0.8);  // the float written in its shortest form
+  EXPECT_FALSE(sgd.train.nesterov);
+  EXPECT_DOUBLE_EQ(sgd.train.weight_decay, 0.0);
+  EXPECT_TRUE(sgd.train.ema);
+  EXPECT_DOUBLE_EQ(sgd.train.ema_decay, 0.999);
+  EXPECT_EQ(sgd.train.amp, "bf16");
+  EXPECT_DOUBLE_EQ(sgd.train.clip_grad, 5.0);
+  // TF's own refusals, with their lines.
+  const std::string e = test::input_error_of([&] {
+    load_config(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 10\n }\n }\n"}}));
+  });
+  EXPECT_NE(e.find("total_steps 10 leaves no steps to decay after warmup_steps 10"), std::string::npos) << e;
+  EXPECT_NE(e.find("warmup_learning_rate exceeds learning_rate_base"), std::string::npos) << e;
 }
 
 // `config convert` writes YAML that loads to the same configuration as the pipeline itself.

@@ -70,7 +70,7 @@ class Loader {
 
   // One key from another format's file (a pipeline.config field), located there.
   void apply(const std::string& path, const std::string& yaml_value, const std::string& where) {
-    set(path, YAML::Load(yaml_value), where);
+    set_text(path, yaml_value, where);
   }
 
   void apply_override(const std::string& arg) {
@@ -80,21 +80,24 @@ class Loader {
       add(where, "expected key=value, e.g. train.batch=16");
       return;
     }
-    const std::string path(trim(arg.substr(0, eq)));
-    YAML::Node value;
-    try {
-      value = YAML::Load(arg.substr(eq + 1));
-    } catch (const YAML::ParserException& e) {
-      add(where, path + ": the value is not valid YAML: " + e.msg);
-      return;
-    }
-    set(path, value, where);
+    set_text(std::string(trim(arg.substr(0, eq))), arg.substr(eq + 1), where);
   }
 
   const std::vector<std::string>& problems() const { return problems_; }
 
  private:
   void add(const std::string& where, const std::string& msg) { problems_.push_back(where + ": " + msg); }
+
+  void set_text(const std::string& path, const std::string& text, const std::string& where) {
+    YAML::Node value;
+    try {
+      value = YAML::Load(text);
+    } catch (const YAML::ParserException& e) {
+      add(where, path + ": the value is not valid YAML: " + e.msg);
+      return;
+    }
+    set(path, value, where);
+  }
 
   void set(const std::string& path, const YAML::Node& value, const std::string& where) {
     if (const ConfigKey* key = find_key(path)) {

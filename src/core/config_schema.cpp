@@ -519,16 +519,43 @@ std::vector<ConfigKey> build_schema() {
       bool_key("train.nesterov", [](Config& c) -> bool& { return c.train.nesterov; }, "Nesterov momentum (SGD)."),
       double_key("train.weight_decay", [](Config& c) -> double& { return c.train.weight_decay; }, 0, 1,
                  "Weight decay of convolution and linear weights, scaled by batch * accumulate / nominal_batch."),
-      choice_key("train.schedule", [](Config& c) -> std::string& { return c.train.schedule; }, {"linear", "cosine", "manual"},
+      choice_key("train.schedule", [](Config& c) -> std::string& { return c.train.schedule; },
+                 {"linear", "cosine", "manual", "exponential"},
                            "Learning-rate schedule over the run's optimizer steps: linear or cosine from lr0 to "
-                           "lr0 * lrf, or manual steps (lr0 until lr_steps[0], then lr_values[0], ...)."),
+                           "lr0 * lrf, manual steps (lr0 until lr_steps[0], then lr_values[0], ...), or exponential "
+                           "(lr0 * decay_factor^(steps / decay_every), not below min_lr)."),
+      int_key<int64_t>("train.schedule_steps", [](Config& c) -> int64_t& { return c.train.schedule_steps; }, 0,
+                       int64_t{1} << 40,
+                       "linear / cosine: the optimizer step where the rate reaches lr0 * lrf and stays (TF "
+                       "cosine total_steps); 0 = the run's last step."),
+      int_key<int64_t>("train.hold_steps", [](Config& c) -> int64_t& { return c.train.hold_steps; }, 0, int64_t{1} << 40,
+                       "Optimizer steps lr0 is held before the decay starts (after a linear or constant warmup; "
+                       "TF cosine hold_base_rate_steps)."),
+      int_key<int64_t>("train.decay_every", [](Config& c) -> int64_t& { return c.train.decay_every; }, 0, int64_t{1} << 40,
+                       "exponential schedule: optimizer steps per decay_factor (TF decay_steps)."),
+      double_key("train.decay_factor", [](Config& c) -> double& { return c.train.decay_factor; }, 0, 1,
+                 "exponential schedule: the factor applied every decay_every steps."),
+      bool_key("train.staircase", [](Config& c) -> bool& { return c.train.staircase; },
+               "exponential schedule: decay in whole steps of decay_every (false: smoothly)."),
+      double_key("train.min_lr", [](Config& c) -> double& { return c.train.min_lr; }, 0, 10,
+                 "exponential schedule: the rate never falls below this."),
+      choice_key("train.warmup", [](Config& c) -> std::string& { return c.train.warmup; },
+                 {"ultralytics", "linear", "constant"},
+                 "ultralytics: rates from 0 (biases from warmup_bias_lr), SGD momentum from warmup_momentum, "
+                 "towards a schedule that starts at step 0. linear: every rate from warmup_lr to the schedule's "
+                 "rate at the warmup's end; constant: warmup_lr throughout (TF burn-in); with both the decay "
+                 "starts after the warmup, as in the TF OD API."),
+      int_key<int64_t>("train.warmup_steps", [](Config& c) -> int64_t& { return c.train.warmup_steps; }, 0,
+                       int64_t{1} << 40, "Warmup length in optimizer steps; > 0 replaces warmup_epochs."),
+      double_key("train.warmup_lr", [](Config& c) -> double& { return c.train.warmup_lr; }, 0, 10,
+                 "linear / constant warmup: the rate it starts from (constant: holds)."),
       list_key<int64_t>("train.lr_steps", [](Config& c) -> std::vector<int64_t>& { return c.train.lr_steps; }, 1, 1e15,
                         "manual schedule: optimizer steps where the rate changes (increasing)."),
       list_key<double>("train.lr_values", [](Config& c) -> std::vector<double>& { return c.train.lr_values; }, 0, 10,
                        "manual schedule: the rate from the matching lr_steps entry on."),
       double_key("train.warmup_epochs", [](Config& c) -> double& { return c.train.warmup_epochs; }, 0, 1000,
-                 "Warmup length in epochs (at least 100 iterations when > 0; 0 = none): the rate rises "
-                 "linearly from 0 (biases: from warmup_bias_lr), momentum from warmup_momentum."),
+                 "Warmup length in epochs (at least 100 iterations when > 0; 0 = none), unless "
+                 "warmup_steps is set; its shape is train.warmup."),
       double_key("train.warmup_momentum", [](Config& c) -> double& { return c.train.warmup_momentum; }, 0, 0.999999,
                  "Momentum at the start of warmup."),
       double_key("train.warmup_bias_lr", [](Config& c) -> double& { return c.train.warmup_bias_lr; }, 0, 10,

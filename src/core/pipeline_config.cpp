@@ -13,6 +13,7 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
+#include "headroom/core/json.h"
 #include "headroom/core/text.h"
 #include "headroom/proto/pipeline.pb.h"
 
@@ -122,7 +123,6 @@ const std::map<std::string, std::string>& advice() {
       {"temporal_offset_task", "Headroom's CenterNet detects boxes only"},
       {"graph_rewriter", "quantisation-aware training is not built; export to ONNX and quantise there"},
       {"external_input_reader", "give the data as TFRecord files (tf_record_input_reader)"},
-      {"exponential_decay_learning_rate", "not built yet; manual_step_learning_rate with the same rates at the decay steps does it"},
       {"rms_prop_optimizer", "Headroom's optimizers are adam_optimizer and momentum_optimizer (SGD)"},
   };
   return a;
@@ -294,8 +294,9 @@ void map_model(const At& model, Mapper& m, PipelineConfig& out) {
   m.set("eval.max_det", std::to_string(oc.max_box_predictions()), center.line("max_box_predictions"), "max_box_predictions");
 }
 
-void map_learning_rate(const At& lr, int64_t num_steps, Mapper& m) {
-  m.only(lr, {"constant_learning_rate", "manual_step_learning_rate", "cosine_decay_learning_rate"});
+void map_learning_rate(const At& lr, Mapper& m) {
+  m.only(lr, {"constant_learning_rate", "manual_step_learning_rate", "cosine_decay_learning_rate",
+              "exponential_decay_learning_rate"});
   const auto& l = static_cast<const tf::LearningRate&>(*lr.msg);
   if (l.has_constant_learning_rate()) {
     const At c = lr.nested("constant_learning_rate");
@@ -307,8 +308,6 @@ void map_learning_rate(const At& lr, int64_t num_steps, Mapper& m) {
     const At s = lr.nested("manual_step_learning_rate");
     m.only(s, {"initial_learning_rate", "schedule", "warmup"});
     const auto& ms = l.manual_step_learning_rate();
-    if (ms.warmup())
-      m.problem(s.line("warmup"), "manual_step_learning_rate warmup (a ramp between the steps) is not built; remove it");
     std::string steps = "[", values = "[";
     for (int i = 0; i < ms.schedule_size(); ++i) {
       steps += (i ? ", " : "") + std::to_string(ms.schedule(i).step());
@@ -319,26 +318,54 @@ void map_learning_rate(const At& lr, int64_t num_steps, Mapper& m) {
       m.set("train.schedule", "linear", s.line("initial_learning_rate"), "manual_step_learning_rate without steps");
       m.set("train.lrf", "1", s.line("initial_learning_rate"), "manual_step_learning_rate without steps");
     } else {
+      if (ms.schedule(0).step() == 0) m.problem(s.line("schedule", 0), "the first schedule step cannot be 0 (TF refuses it too)");
       m.set("train.schedule", "manual", s.line("schedule", 0), "manual_step_learning_rate");
       m.set("train.lr_steps", steps + "]", s.line("schedule", 0), "manual_step_learning_rate schedule step");
       m.set("train.lr_values", values + "]", s.line("schedule", 0), "manual_step_learning_rate schedule learning_rate");
+      if (ms.warmup()) {  // from the initial rate to the first step's, linearly
+        m.set("train.warmup", "linear", s.line("warmup"), "manual_step_learning_rate warmup");
+        m.set("train.warmup_steps", std::to_string(ms.schedule(0).step()), s.line("warmup"), "manual_step_learning_rate warmup (to the first step)");
+        m.set("train.warmup_lr", yaml_number(ms.initial_learning_rate()), s.line("warmup"), "manual_step_learning_rate warmup (from initial_learning_rate)");
+      }
     }
   } else if (l.has_cosine_decay_learning_rate()) {
     const At s = lr.nested("cosine_decay_learning_rate");
     m.only(s, {"learning_rate_base", "total_steps", "warmup_learning_rate", "warmup_steps", "hold_base_rate_steps"});
     const auto& cd = l.cosine_decay_learning_rate();
-    if (cd.warmup_steps() > 0 || cd.hold_base_rate_steps() > 0)
-      m.problem(s.line(cd.warmup_steps() > 0 ? "warmup_steps" : "hold_base_rate_steps"),
-                "cosine_decay_learning_rate with warmup_steps or hold_base_rate_steps is not built yet; use "
-                "manual_step_learning_rate, or cosine decay without warmup");
-    if (cd.total_steps() != num_steps)
-      m.problem(s.line("total_steps"), "cosine_decay_learning_rate total_steps " + std::to_string(cd.total_steps()) +
-                " differs from num_steps " + std::to_string(num_steps) + ": Headroom's cosine spans the run");
+    if (cd.learning_rate_base() < cd.warmup_learning_rate())
+      m.problem(s.line("warmup_learning_rate"), "warmup_learning_rate exceeds learning_rate_base (TF refuses it too)");
+    if (uint64_t(cd.warmup_steps()) + cd.hold_base_rate_steps() >= cd.total_steps())
+      m.problem(s.line("total_steps"), "total_steps " + std::to_string(cd.total_steps()) +
+                " leaves no steps to decay after warmup_steps " + std::to_string(cd.warmup_steps()) + " and hold_base_rate_steps " +
+                std::to_string(cd.hold_base_rate_steps()));
     m.set("train.lr0", yaml_number(cd.learning_rate_base()), s.line("learning_rate_base"), "cosine_decay_learning_rate");
     m.set("train.schedule", "cosine", s.line("learning_rate_base"), "cosine_decay_learning_rate");
     m.set("train.lrf", "0", s.line("learning_rate_base"), "cosine_decay_learning_rate (down to 0)");
-  } else if (!l.has_exponential_decay_learning_rate()) {
-    m.problem(lr.line(""), "the optimizer needs a learning_rate (constant, manual_step or cosine_decay)");
+    m.set("train.schedule_steps", std::to_string(cd.total_steps()), s.line("total_steps"), "cosine_decay_learning_rate total_steps");
+    m.set("train.hold_steps", std::to_string(cd.hold_base_rate_steps()), s.line("hold_base_rate_steps"), "cosine_decay_learning_rate hold_base_rate_steps");
+    m.set("train.warmup", "linear", s.line("warmup_steps"), "cosine_decay_learning_rate warmup");
+    m.set("train.warmup_steps", std::to_string(cd.warmup_steps()), s.line("warmup_steps"), "cosine_decay_learning_rate warmup_steps");
+    m.set("train.warmup_lr", yaml_number(cd.warmup_learning_rate()), s.line("warmup_learning_rate"), "cosine_decay_learning_rate warmup_learning_rate");
+  } else if (l.has_exponential_decay_learning_rate()) {
+    const At s = lr.nested("exponential_decay_learning_rate");
+    m.only(s, {"initial_learning_rate", "decay_steps", "decay_factor", "staircase", "burnin_learning_rate", "burnin_steps",
+               "min_learning_rate"});
+    const auto& ed = l.exponential_decay_learning_rate();
+    if (ed.decay_steps() == 0) m.problem(s.line("decay_steps"), "decay_steps must be at least 1");
+    m.set("train.lr0", yaml_number(ed.initial_learning_rate()), s.line("initial_learning_rate"), "exponential_decay_learning_rate");
+    m.set("train.schedule", "exponential", s.line("initial_learning_rate"), "exponential_decay_learning_rate");
+    m.set("train.decay_every", std::to_string(ed.decay_steps()), s.line("decay_steps"), "exponential_decay_learning_rate decay_steps");
+    m.set("train.decay_factor", yaml_number(ed.decay_factor()), s.line("decay_factor"), "exponential_decay_learning_rate decay_factor");
+    m.set("train.staircase", ed.staircase() ? "true" : "false", s.line("staircase"), "exponential_decay_learning_rate staircase");
+    m.set("train.min_lr", yaml_number(ed.min_learning_rate()), s.line("min_learning_rate"), "exponential_decay_learning_rate min_learning_rate");
+    if (ed.burnin_steps() > 0) {  // a constant rate first (the base rate when 0), the decay counted from its end
+      const float burnin = ed.burnin_learning_rate() == 0 ? ed.initial_learning_rate() : ed.burnin_learning_rate();
+      m.set("train.warmup", "constant", s.line("burnin_steps"), "exponential_decay_learning_rate burn-in");
+      m.set("train.warmup_steps", std::to_string(ed.burnin_steps()), s.line("burnin_steps"), "exponential_decay_learning_rate burnin_steps");
+      m.set("train.warmup_lr", yaml_number(burnin), s.line("burnin_learning_rate"), "exponential_decay_learning_rate burnin_learning_rate");
+    }
+  } else {
+    m.problem(lr.line(""), "the optimizer needs a learning_rate (constant, manual_step, cosine_decay or exponential_decay)");
   }
 }
 
@@ -380,7 +407,7 @@ void map_train(const At& train, Mapper& m) {
     m.set("train.momentum", "0.9", opt.line("adam_optimizer"), "adam_optimizer (Keras beta_1 0.9, beta_2 0.999)");
     m.set("train.eps", yaml_number(o.adam_optimizer().epsilon()), a.line("epsilon"), "adam_optimizer epsilon");
     m.set("train.weight_decay", "0", opt.line("adam_optimizer"), "adam_optimizer (no weight decay)");
-    map_learning_rate(a.nested("learning_rate"), t.num_steps(), m);
+    map_learning_rate(a.nested("learning_rate"), m);
   } else if (o.has_momentum_optimizer()) {
     const At a = opt.nested("momentum_optimizer");
     m.only(a, {"learning_rate", "momentum_optimizer_value"});
@@ -389,7 +416,7 @@ void map_train(const At& train, Mapper& m) {
           "momentum_optimizer momentum_optimizer_value");
     m.set("train.nesterov", "false", opt.line("momentum_optimizer"), "momentum_optimizer (not Nesterov)");
     m.set("train.weight_decay", "0", opt.line("momentum_optimizer"), "momentum_optimizer (no weight decay)");
-    map_learning_rate(a.nested("learning_rate"), t.num_steps(), m);
+    map_learning_rate(a.nested("learning_rate"), m);
   } else if (!o.has_rms_prop_optimizer()) {
     m.problem(train.line("optimizer"), "train_config needs an optimizer: adam_optimizer or momentum_optimizer (SGD)");
   }
@@ -507,7 +534,7 @@ PipelineConfig read_pipeline_config(const std::string& path) {
   }
   if (out.data.label_map.empty())
     m.problem(root.line("train_input_reader"), "no label_map_path in the input readers: Headroom takes the classes from the label map");
-  m.set("data.dataset", fs::absolute(path).lexically_normal().string(), root.line("train_input_reader"),
+  m.set("data.dataset", Json(fs::absolute(path).lexically_normal().string()).dump(), root.line("train_input_reader"),
         "train_input_reader and eval_input_reader (TFRecord files and label map)");
 
   const At eval = root.nested("eval_config");

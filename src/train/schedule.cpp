@@ -7,28 +7,44 @@
 
 namespace headroom::train {
 
+int64_t Schedule::decay_start() const {
+  return (o_.warmup() == WarmupKind::ultralytics ? 0 : o_.warmup_steps()) + o_.hold_steps();
+}
+
 double Schedule::base_lr(int64_t step) const {
-  const double x = std::clamp(double(step) / double(std::max<int64_t>(o_.total_steps(), 1)), 0.0, 1.0);
-  switch (o_.kind()) {
-    case LrSchedule::linear:
-      return o_.lr0() * ((1 - x) * (1 - o_.lrf()) + o_.lrf());
-    case LrSchedule::cosine:
-      return o_.lr0() * (((1 - std::cos(x * M_PI)) / 2) * (o_.lrf() - 1) + 1);
-    case LrSchedule::manual: {
-      double lr = o_.lr0();
-      for (size_t i = 0; i < o_.lr_steps().size(); ++i)
-        if (step >= o_.lr_steps()[i]) lr = o_.lr_values()[i];
-      return lr;
-    }
+  const int64_t start = decay_start();
+  if (o_.kind() == LrSchedule::manual) {
+    double lr = o_.lr0();
+    for (size_t i = 0; i < o_.lr_steps().size(); ++i)
+      if (step >= o_.lr_steps()[i]) lr = o_.lr_values()[i];
+    return lr;
   }
-  return o_.lr0();
+  if (step < start) return o_.lr0();
+  if (o_.kind() == LrSchedule::exponential) {
+    double p = double(step - start) / double(std::max<int64_t>(o_.decay_every(), 1));
+    if (o_.staircase()) p = std::floor(p);
+    return std::max(o_.lr0() * std::pow(o_.decay_factor(), p), o_.min_lr());
+  }
+  const int64_t end = o_.schedule_steps() > 0 ? o_.schedule_steps() : o_.total_steps();
+  const double x = std::clamp(double(step - start) / double(std::max<int64_t>(end - start, 1)), 0.0, 1.0);
+  if (o_.kind() == LrSchedule::cosine) return o_.lr0() * (((1 - std::cos(x * M_PI)) / 2) * (o_.lrf() - 1) + 1);
+  return o_.lr0() * ((1 - x) * (1 - o_.lrf()) + o_.lrf());
 }
 
 GroupRates Schedule::rates(int64_t step, bool is_bias) const {
-  const double lr = base_lr(step);
-  if (step >= o_.warmup_steps()) return {lr, o_.momentum()};
-  const double t = double(step) / double(o_.warmup_steps());  // np.interp over [0, warmup]
-  const double from = is_bias ? o_.warmup_bias_lr() : 0.0;
+  if (step >= o_.warmup_steps()) return {base_lr(step), o_.momentum()};
+  const double t = double(step) / double(o_.warmup_steps());
+  switch (o_.warmup()) {
+    case WarmupKind::linear: {
+      const double to = base_lr(o_.warmup_steps());
+      return {o_.warmup_lr() + t * (to - o_.warmup_lr()), o_.momentum()};
+    }
+    case WarmupKind::constant:
+      return {o_.warmup_lr(), o_.momentum()};
+    case WarmupKind::ultralytics:
+      break;
+  }
+  const double lr = base_lr(step), from = is_bias ? o_.warmup_bias_lr() : 0.0;  // np.interp over [0, warmup]
   return {from + t * (lr - from), o_.warmup_momentum() + t * (o_.momentum() - o_.warmup_momentum())};
 }
 
@@ -49,11 +65,17 @@ int64_t warmup_steps(double warmup_epochs, int64_t batches_per_epoch, int64_t ac
 }
 
 namespace {
-const std::pair<const char*, LrSchedule> kLrSchedule[] = {
-    {"linear", LrSchedule::linear}, {"cosine", LrSchedule::cosine}, {"manual", LrSchedule::manual}};
+const std::pair<const char*, LrSchedule> kLrSchedule[] = {{"linear", LrSchedule::linear},
+                                                         {"cosine", LrSchedule::cosine},
+                                                         {"manual", LrSchedule::manual},
+                                                         {"exponential", LrSchedule::exponential}};
+const std::pair<const char*, WarmupKind> kWarmup[] = {
+    {"ultralytics", WarmupKind::ultralytics}, {"linear", WarmupKind::linear}, {"constant", WarmupKind::constant}};
 }  // namespace
 
 LrSchedule lr_schedule_from(const std::string& word) { return enum_from_word(word, kLrSchedule); }
 const char* to_string(LrSchedule s) { return enum_word(s, kLrSchedule); }
+WarmupKind warmup_kind_from(const std::string& word) { return enum_from_word(word, kWarmup); }
+const char* to_string(WarmupKind w) { return enum_word(w, kWarmup); }
 
 }  // namespace headroom::train

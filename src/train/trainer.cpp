@@ -44,6 +44,15 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
                     .momentum(t.momentum)
                     .lr_steps(t.lr_steps)
                     .lr_values(t.lr_values)
+                    .decay_every(t.decay_every)
+                    .decay_factor(t.decay_factor)
+                    .staircase(t.staircase)
+                    .min_lr(t.min_lr)
+                    .schedule_steps(t.schedule_steps)
+                    .hold_steps(t.hold_steps)
+                    .warmup(warmup_kind_from(t.warmup))
+                    .warmup_steps(t.warmup_steps)
+                    .warmup_lr(t.warmup_lr)
                     .warmup_momentum(t.warmup_momentum)
                     .warmup_bias_lr(t.warmup_bias_lr))
       .warmup_epochs(t.warmup_epochs)
@@ -179,7 +188,8 @@ Trainer::Trainer(TrainerParts parts)
       options_.weight_decay() * double(options_.batch() * options_.world() * length_.accumulate) / double(options_.nominal_batch());
   optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay), options_.optimizer());
   ScheduleOptions schedule = options_.schedule();
-  schedule.total_steps(length_.total_steps).warmup_steps(warmup_steps(options_.warmup_epochs(), nb, length_.accumulate));
+  schedule.total_steps(length_.total_steps);
+  if (schedule.warmup_steps() == 0) schedule.warmup_steps(warmup_steps(options_.warmup_epochs(), nb, length_.accumulate));
   schedule_ = std::make_unique<Schedule>(schedule);
   schedule_->apply(*optimizer_, 0);  // valid rates even without the schedule hook
   set_amp(options_.amp());

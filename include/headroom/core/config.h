@@ -167,9 +167,18 @@ struct TrainConfig {
   double eps = 1e-8;                // Adam / AdamW epsilon (the TF OD API's Keras Adam: 1e-7)
   bool nesterov = true;
   double weight_decay = 5e-4;       // scaled by batch * accumulate / nominal_batch, as Ultralytics
-  std::string schedule = "linear";  // linear | cosine | manual
+  std::string schedule = "linear";  // linear | cosine | manual | exponential
   std::vector<int64_t> lr_steps;    // manual: optimizer steps where the rate changes
   std::vector<double> lr_values;    // manual: the rate from each of those steps on
+  int64_t schedule_steps = 0;       // linear / cosine: where lr0 * lrf is reached; 0 = the run's end
+  int64_t hold_steps = 0;           // lr0 held before the decay starts
+  int64_t decay_every = 0;          // exponential: steps per decay_factor
+  double decay_factor = 0.95;       // exponential
+  bool staircase = true;            // exponential: whole powers only
+  double min_lr = 0;                // exponential: the floor
+  std::string warmup = "ultralytics";  // ultralytics | linear | constant
+  int64_t warmup_steps = 0;         // > 0: warmup length in optimizer steps instead of warmup_epochs
+  double warmup_lr = 0;             // linear / constant warmup: where the rate starts (constant: stays)
   double warmup_epochs = 3.0;       // at least 100 iterations when > 0
   double warmup_momentum = 0.8;
   double warmup_bias_lr = 0.1;

@@ -75,7 +75,7 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, steps) = 0;            // optimizer steps; > 0 overrides epochs
   TORCH_ARG(double, weight_decay) = 5e-4;   // scaled by the images per step relative to nominal_batch
   TORCH_ARG(OptimizerOptions, optimizer) = {};
-  TORCH_ARG(ScheduleOptions, schedule) = {};  // the trainer fills in total_steps and warmup_steps
+  TORCH_ARG(ScheduleOptions, schedule) = {};  // the trainer fills in total_steps, and warmup_steps when 0
   TORCH_ARG(double, warmup_epochs) = 3.0;
   TORCH_ARG(AmpMode, amp) = AmpMode::off;   // resolved for the device (never auto)
   TORCH_ARG(double, clip_grad) = 10.0;      // 0 = off
