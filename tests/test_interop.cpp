@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "headroom/models/onnx_export.h"
 #include "headroom/models/onnx_proto.h"
 #include "headroom/models/weights_import.h"
+#include "headroom/train/trainer.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -361,6 +363,8 @@ std::map<std::string, at::Tensor> run_onnx(const std::string& path, const at::Te
     } else if (op == "Resize") {  // nearest, asymmetric, floor: PyTorch's nearest
       const at::Tensor s = in(2);
       out = {at::upsample_nearest2d(in(0), {int64_t(double(in(0).size(2)) * s[2].item<double>()), int64_t(double(in(0).size(3)) * s[3].item<double>())})};
+    } else if (op == "Gather") {
+      out = {in(0).index_select(integer(n, "axis", 0), in(1))};
     } else if (op == "ReduceSum") {
       out = {in(0).sum(list(in(1)), integer(n, "keepdims", 1) != 0)};
     } else {
@@ -485,4 +489,107 @@ TEST(Interop, ABadInitFromNamesTheConfigLine) {
   e = thrown([&] { build_detector(load_config(dir + "/run.yaml", {"model.init_from=" + dir + "/notes.pt"}), 3); });
   EXPECT_NE(e.find("notes.pt: not a weights file Headroom reads"), std::string::npos) << e;
   EXPECT_NE(e.find("command line 'model.init_from="), std::string::npos) << e;
+}
+
+namespace {
+
+std::string tf_fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/tfod/ckpt/" + name; }
+
+// The zoo's normalisation, as the fixture's pipeline.config gives it (BGR pixel means and stds).
+InputNorm zoo_input() { return {{104.01362025, 114.03422265, 119.9165958}, {73.6027665, 69.89082075, 70.9150767}, true}; }
+
+// An NHWC float32 output of the OD API's model as [1, C, H, W].
+at::Tensor tf_output(const std::string& name, int64_t channels) {
+  const std::string bytes = test::read_bytes(tf_fixture(name + ".f32"));
+  at::Tensor t = at::empty({int64_t(bytes.size() / 4)}, at::kFloat);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t.view({1, 16, 16, channels}).permute({0, 3, 1, 2});
+}
+
+}  // namespace
+
+// A TF2 checkpoint of the OD API's own CenterNet (its model_builder and HourglassNetwork, two
+// stacks, seeded weights and BatchNorm statistics; scripts/make_tf_checkpoint_fixtures.py) read
+// by our tensor-bundle reader and loaded into the Hourglass read off its shapes: every head of
+// every stack equals TensorFlow's on the same image, after the same normalisation. The box
+// outputs come in our channel order (TF: height, width and y, x).
+TEST(Interop, TfOdApiCheckpointGivesTensorFlowsHeadOutputs) {
+  const ImportedWeights w = read_imported_weights(tf_fixture("ckpt-0"));
+  EXPECT_EQ(read_imported_weights(tf_fixture("ckpt-0.index")).tensors.size(), w.tensors.size());  // the index names it too
+  ASSERT_TRUE(w.model);
+  ModelSpec spec = *w.model;
+  spec.input = zoo_input();
+  Detector model(spec);
+  const ImportReport r = import_weights(*model, w, /*new_head=*/false);
+  EXPECT_GT(r.matched, 300);
+  model->eval();
+  const std::string rgb = test::read_bytes(tf_fixture("input.rgb"));
+  at::Tensor image = at::empty({64, 64, 3}, at::kByte);
+  std::memcpy(image.data_ptr(), rgb.data(), rgb.size());
+  const at::Tensor x = image.permute({2, 0, 1}).unsqueeze(0).to(at::kFloat) / 255.0;
+  at::NoGradGuard no_grad;
+  const HeadOutputs out = model->forward(x);
+  ASSERT_EQ(out.at("heatmap").size(), 2u);
+  const at::Tensor swap = at::tensor(std::vector<int64_t>{1, 0});
+  for (size_t s = 0; s < 2; ++s)
+    for (const auto& [ours, theirs, channels] : std::vector<std::tuple<std::string, std::string, int64_t>>{
+             {"heatmap", "heatmap_logits", 2}, {"size", "box_scale", 2}, {"offset", "box_offset", 2}}) {
+      at::Tensor want = tf_output(theirs + "_" + std::to_string(s), channels);
+      if (ours != "heatmap") want = want.index_select(1, swap);
+      const at::Tensor got = out.at(ours)[s];
+      const double scale = std::max(1.0, want.abs().max().item<double>()), err = (got - want).abs().max().item<double>();
+      EXPECT_LE(err, 1e-3 * scale) << ours << " stack " << s;
+      std::printf("TF checkpoint %s stack %zu: max |ours - TF| %.3g (outputs up to %.3g)\n", ours.c_str(), s, err, scale);
+    }
+  // The normalisation is the model's own: it goes into the YAML it carries and into ONNX.
+  EXPECT_NE(model->yaml_text().find("input:"), std::string::npos) << model->yaml_text();
+  EXPECT_TRUE(Detector(ModelSpec{"tf.yaml", model->yaml_text()})->input_norm().bgr);
+  const std::string onnx = test::temp_dir("tf-onnx") + "/tf.onnx";
+  WeightsInfo info;
+  info.names = {"a", "b"};
+  model->fuse();
+  const auto want = forward_outputs(*model, x);
+  export_onnx(*model, info, onnx, OnnxExportOptions().imgsz(64));
+  const auto got = run_onnx(onnx, x);
+  for (const auto& [name, t] : want)
+    EXPECT_LT(max_abs(got.at(name), t), 1e-4 * std::max(1.0, t.abs().max().item<double>())) << name;
+}
+
+// Damage is named with the file and the place; a checkpoint alone, without the normalisation its
+// pipeline states, is not taken for val or predict.
+TEST(Interop, DamagedTfCheckpointsNameTheFileAndTheFault) {
+  const std::string dir = test::temp_dir("tf-damaged");
+  const std::string index = test::read_bytes(tf_fixture("ckpt-0.index")), data = test::read_bytes(tf_fixture("ckpt-0.data-00000-of-00001"));
+  const auto write = [&](const std::string& name, const std::string& i, const std::string& d) {
+    test::write_bytes(dir + "/" + name + ".index", i);
+    if (!d.empty()) test::write_bytes(dir + "/" + name + ".data-00000-of-00001", d);
+    return dir + "/" + name;
+  };
+  std::string flipped = data;
+  flipped[data.size() / 3] = char(flipped[data.size() / 3] ^ 0x20);
+  std::string e = thrown([&] { read_imported_weights(write("flip", index, flipped)); });
+  EXPECT_NE(e.find("flip.data-00000-of-00001: checksum mismatch in model/"), std::string::npos) << e;
+  std::string bad_index = index;
+  bad_index[100] = char(bad_index[100] ^ 0x01);
+  e = thrown([&] { read_imported_weights(write("index", bad_index, data)); });
+  EXPECT_NE(e.find("index.index: damaged checkpoint index: block at byte 0: checksum mismatch"), std::string::npos) << e;
+  e = thrown([&] { read_imported_weights(write("cut", index.substr(0, index.size() - 20), data)); });
+  EXPECT_NE(e.find("cut.index: damaged checkpoint index: no table magic number"), std::string::npos) << e;
+  e = thrown([&] { read_imported_weights(write("noshard", index, "")); });
+  EXPECT_NE(e.find("noshard.data-00000-of-00001: the checkpoint's data shard 0 is missing"), std::string::npos) << e;
+  e = thrown([&] { read_imported_weights(write("short", index, data.substr(0, data.size() / 2))); });
+  EXPECT_NE(e.find("short.data-00000-of-00001: ends inside"), std::string::npos) << e;
+  e = thrown([&] { load_any_weights(tf_fixture("ckpt-0"), c10::Device(c10::kCPU)); });
+  EXPECT_NE(e.find("does not record the input normalisation"), std::string::npos) << e;
+  test::write_bytes(dir + "/run.yaml", "model:\n  init_from: " + tf_fixture("ckpt-0") + "\n");
+  e = thrown([&] { build_detector(load_config(dir + "/run.yaml"), 1); });
+  EXPECT_NE(e.find("run.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.init_from " + tf_fixture("ckpt-0") + " is a TF checkpoint, which does not record"), std::string::npos) << e;
+  // With the normalisation, the backbone alone: the heads keep their initialisation.
+  const Config c = load_config(dir + "/run.yaml", {"model.input_mean=[104, 114, 120]", "model.input_std=[74, 70, 71]", "model.input_bgr=true"});
+  Detector d = build_detector(c, 1);
+  const at::Tensor head_before = d->head().named_parameters()[0].value().clone();
+  const auto kept = train::init_from_weights(*d, c.model.init_from, /*backbone_only=*/true);
+  EXPECT_EQ(kept.size(), 24u);  // 2 stacks x 3 heads x 2 convolutions x (weight, bias)
+  EXPECT_TRUE(at::equal(d->head().named_parameters()[0].value(), head_before));
 }

@@ -65,6 +65,7 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   for (const char* key : {"task_loss_weight", "scale_loss_weight", "offset_loss_weight"})
     EXPECT_EQ(jp.find("loss")->find(key)->dump(), jh.find("loss")->find(key)->dump()) << key;
   EXPECT_EQ(p.model.file, hand.model.file);
+  EXPECT_EQ(jp.find("model")->dump(), jh.find("model")->dump());  // the input normalisation too
   EXPECT_EQ(p.data.imgsz, hand.data.imgsz);
   EXPECT_DOUBLE_EQ(p.train.eps, 1e-7);
   EXPECT_DOUBLE_EQ(p.loss.min_overlap, 0.6);
@@ -78,15 +79,30 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   // Fields read without an effect are said, with their lines.
   std::string notes;
   for (const auto& n : pc.notes) notes += n + "\n";
-  EXPECT_NE(notes.find("pipeline.config:6: channel_means"), std::string::npos) << notes;
+  bool means = false;
+  for (const auto& setting : pc.settings)
+    means = means || (setting.key == "model.input_mean" && setting.where.find("pipeline.config:6") != std::string::npos);
+  EXPECT_TRUE(means);
   EXPECT_NE(notes.find("max_number_of_boxes"), std::string::npos) << notes;
 }
 
 // Everything Headroom cannot run is listed at once, each with its line and what to do.
 TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
+  // fine_tune_checkpoint: the checkpoint, beside the pipeline; "detection" restores CenterNet's
+  // feature extractor, "full" everything, as TF does.
   const std::string as_is = pipeline_with("pipeline-as-is", {});
-  std::string e = test::input_error_of([&] { load_config(as_is); });
-  EXPECT_NE(e.find("pipeline.config:100: fine_tune_checkpoint: reading TF2 checkpoints"), std::string::npos) << e;
+  const Config tf = load_config(as_is);
+  EXPECT_EQ(tf.model.init_from,
+            fs::path(as_is).parent_path().string() + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0");
+  EXPECT_TRUE(tf.model.init_backbone_only);
+  EXPECT_FALSE(load_config(pipeline_with("pipeline-full", {{"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"full\""}}))
+                   .model.init_backbone_only);
+  std::string e = test::input_error_of([&] {
+    load_config(pipeline_with("pipeline-v1", {{"fine_tune_checkpoint_version: V2", "fine_tune_checkpoint_version: V1"},
+                                              {"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"classification\""}}));
+  });
+  EXPECT_NE(e.find("fine_tune_checkpoint_type 'classification': CenterNet restores 'detection'"), std::string::npos) << e;
+  EXPECT_NE(e.find("fine_tune_checkpoint_version V1"), std::string::npos) << e;
 
   const std::string edited = pipeline_with(
       "pipeline-refused", {kNoCheckpoint,
@@ -176,8 +192,8 @@ TEST(Pipeline, ConfigConvertWritesTheConfigItMeans) {
   EXPECT_EQ(config_to_json(load_config(yaml)).dump(), config_to_json(load_config(path)).dump());
 }
 
-// The user's pipeline, pointed at a one-class synthetic set converted to TFRecords and cut down
-// to a small hourglass at 64 px and 2 steps, trains and validates as `trainer --config` is given it.
+// The user's pipeline, pointed at a one-class synthetic set converted to TFRecords, at 64 px and
+// 2 steps, fine-tuning from a TF2 checkpoint, trains and validates as `trainer --config` is given it.
 TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   const std::string dir = test::temp_dir("pipeline-train");
   data::SynthOptions s;
@@ -193,8 +209,14 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   data::convert_data(c);
   fs::rename(dir + "/annotations/val.record", dir + "/annotations/test.record");
   std::string text = users_pipeline();
+  // fine_tune_checkpoint: a TF2 checkpoint of the OD API's own two-stack CenterNet, relative to the
+  // pipeline's folder; type "detection": its feature extractor, the heads keep their initialisation.
+  fs::create_directories(dir + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint");
+  for (const char* f : {"ckpt-0.index", "ckpt-0.data-00000-of-00001"})
+    fs::copy_file(std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/tfod/ckpt/" + f,
+                  dir + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/" + f);
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-           kNoCheckpoint, {"hourglass_104", "hourglass_10"}, {"min_dimension: 512", "min_dimension: 64"},
+           {"hourglass_104", "hourglass_10"}, {"min_dimension: 512", "min_dimension: 64"},
            {"max_dimension: 512", "max_dimension: 64"}, {"num_steps: 5000", "num_steps: 2"}})
     text.replace(text.find(from), from.size(), to);
   test::write_bytes(dir + "/pipeline.config", text);
@@ -203,7 +225,8 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
                                               "/models/centernet_hg10.yaml");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("AP50-95"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("channel_means, channel_stds, bgr_ordering"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the model is the file's own"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the backbone only; the head's 24 tensors keep their initialisation"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/p/results.csv"));
   EXPECT_TRUE(fs::exists(dir + "/runs/p/weights/last.pt"));
 }

@@ -152,6 +152,22 @@ void check_combinations(const Config& c, std::vector<std::string>& problems) {
         problems.push_back(c.where("train.lr_steps") + ": train.lr_steps must increase; " + std::to_string(t.lr_steps[i]) +
                            " follows " + std::to_string(t.lr_steps[i - 1]));
   }
+  const ModelConfig& m = c.model;
+  if (m.input_mean.size() != m.input_std.size() || (m.input_mean.size() != 0 && m.input_mean.size() != 3))
+    problems.push_back(c.where(m.input_mean.empty() ? "model.input_std" : "model.input_mean") +
+                       ": model.input_mean and model.input_std are 3 pixel values each (0..255, in the order the network "
+                       "sees), or both absent");
+  if (m.input_bgr && m.input_mean.empty())
+    problems.push_back(c.where("model.input_bgr") + ": model.input_bgr reorders the channels for model.input_mean and "
+                       "model.input_std; give them too");
+  if (t.schedule == "exponential" && t.decay_every < 1)
+    problems.push_back(c.where("train.schedule") + ": train.schedule: exponential needs train.decay_every, the optimizer "
+                       "steps per decay_factor (e.g. decay_every: 1000, decay_factor: 0.95)");
+  // An OD API warmup precedes the decay: the decay needs steps after it.
+  const int64_t before = (t.warmup == "ultralytics" ? 0 : t.warmup_steps) + t.hold_steps;
+  if (t.schedule_steps > 0 && t.schedule_steps <= before)
+    problems.push_back(c.where("train.schedule_steps") + ": train.schedule_steps " + std::to_string(t.schedule_steps) +
+                       " must exceed the warmup and hold before the decay (" + std::to_string(before) + " steps)");
 }
 
 void check_augment(const Config& c, std::vector<std::string>& problems) {

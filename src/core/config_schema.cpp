@@ -473,6 +473,16 @@ std::vector<ConfigKey> build_schema() {
       string_key("model.init_from", [](Config& c) -> std::string& { return c.model.init_from; }, "a weights or checkpoint file",
                  "Start from another run's weights: parameters whose name and shape match are loaded, the rest "
                  "(a head for another class count) keep their initialisation and are listed."),
+      list_key<double>("model.input_mean", [](Config& c) -> std::vector<double>& { return c.model.input_mean; }, -1e4, 1e4,
+                       "Input normalisation (the TF OD API's channel_means): the network sees (255 x - mean) / std per "
+                       "channel; 3 pixel values, in the order the network sees; [] = the model file's (none)."),
+      list_key<double>("model.input_std", [](Config& c) -> std::vector<double>& { return c.model.input_std; }, 1e-6, 1e4,
+                       "Input normalisation (channel_stds), with model.input_mean."),
+      bool_key("model.input_bgr", [](Config& c) -> bool& { return c.model.input_bgr; },
+               "Reverse the channels to BGR before normalising (bgr_ordering), with model.input_mean."),
+      bool_key("model.init_backbone_only", [](Config& c) -> bool& { return c.model.init_backbone_only; },
+               "Take only the backbone from model.init_from; the head keeps its initialisation (TF's "
+               "fine_tune_checkpoint_type: detection)."),
       // data
       string_key("data.dataset", [](Config& c) -> std::string& { return c.data.dataset; },
                  "path to a data YAML",

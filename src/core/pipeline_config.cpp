@@ -233,10 +233,18 @@ void map_model(const At& model, Mapper& m, PipelineConfig& out) {
   else
     m.problem(fe.line("type"), "feature_extractor type '" + type + "' is not built by Headroom: hourglass_10, _20, _32, _52 "
               "and _104 are (for a lighter backbone, a Headroom config with models/centernet_csp.yaml)");
-  if (c.feature_extractor().channel_means_size() || c.feature_extractor().channel_stds_size() || c.feature_extractor().has_bgr_ordering())
-    m.note(fe.line(c.feature_extractor().channel_means_size() ? "channel_means" : "bgr_ordering", 0),
-           "channel_means, channel_stds, bgr_ordering: Headroom's models take RGB scaled to [0, 1]; from scratch the "
-           "first convolution, which a BatchNorm follows, absorbs the normalisation (weights imported from TF would need it)");
+  // TF normalises raw pixels: (x - mean) / std, mean 0 and std 1 when not given.
+  const auto three = [&](const pb::RepeatedField<float>& v, const char* field, const char* fallback) -> std::string {
+    if (v.empty()) return fallback;
+    if (v.size() != 3) m.problem(fe.line(field, 0), std::string(field) + " needs 3 values, one per channel");
+    std::string out = "[";
+    for (int i = 0; i < v.size(); ++i) out += (i ? ", " : "") + yaml_number(v.Get(i));
+    return out + "]";
+  };
+  const auto& fx = c.feature_extractor();
+  m.set("model.input_mean", three(fx.channel_means(), "channel_means", "[0, 0, 0]"), fe.line("channel_means", 0), "channel_means");
+  m.set("model.input_std", three(fx.channel_stds(), "channel_stds", "[1, 1, 1]"), fe.line("channel_stds", 0), "channel_stds");
+  m.set("model.input_bgr", fx.bgr_ordering() ? "true" : "false", fe.line("bgr_ordering"), "bgr_ordering");
 
   const At resizer = cn.nested("image_resizer");
   m.only(resizer, {"keep_aspect_ratio_resizer", "fixed_shape_resizer"});
@@ -426,11 +434,23 @@ void map_train(const At& train, Mapper& m) {
     m.set("train.ema_tau", "1", opt.line("moving_average_decay"), "moving_average_decay (TF's average has no warm-up ramp)");
   }
 
-  if (!t.fine_tune_checkpoint().empty())
-    m.problem(train.line("fine_tune_checkpoint"), "fine_tune_checkpoint: reading TF2 checkpoints (ckpt-0.index and its data "
-              "files) is not built yet; remove the line to train from scratch, or start from PyTorch CenterNet weights "
-              "with a Headroom config (model.init_from: ctdet_coco_hg.pth)");
-  else if (t.has_fine_tune_checkpoint_type() || t.has_fine_tune_checkpoint_version())
+  if (!t.fine_tune_checkpoint().empty()) {
+    m.set("model.init_from", Json(resolved(*train.file, t.fine_tune_checkpoint())).dump(), train.line("fine_tune_checkpoint"),
+          "fine_tune_checkpoint (a TF2 checkpoint prefix; the model is the checkpoint's Hourglass)");
+    // CenterNet restores its feature extractor for "detection" and everything for "full"; TF takes
+    // an empty type as "classification", which the hourglass extractors refuse.
+    const std::string& type = t.fine_tune_checkpoint_type();
+    if (type == "detection" || type == "full")
+      m.set("model.init_backbone_only", type == "detection" ? "true" : "false", train.line("fine_tune_checkpoint_type"),
+            "fine_tune_checkpoint_type " + type + (type == "detection" ? " (the feature extractor; the heads keep their initialisation)" : " (the whole model)"));
+    else
+      m.problem(train.line(t.has_fine_tune_checkpoint_type() ? "fine_tune_checkpoint_type" : "fine_tune_checkpoint"),
+                "fine_tune_checkpoint_type '" + type + "': CenterNet restores 'detection' (the feature extractor) or 'full' "
+                "(the whole model); TF takes an empty type as 'classification', which the hourglass refuses");
+    if (t.fine_tune_checkpoint_version() != tf::V2)
+      m.problem(train.line("fine_tune_checkpoint_version"), "fine_tune_checkpoint_version V1 (a TF1 name-based checkpoint): "
+                "Headroom reads TF2 object-based checkpoints; give fine_tune_checkpoint_version: V2 with a TF2 checkpoint");
+  } else if (t.has_fine_tune_checkpoint_type() || t.has_fine_tune_checkpoint_version())
     m.note(train.line(t.has_fine_tune_checkpoint_type() ? "fine_tune_checkpoint_type" : "fine_tune_checkpoint_version"),
            "fine_tune_checkpoint_type/version: no fine_tune_checkpoint is given");
   if (t.has_max_number_of_boxes())

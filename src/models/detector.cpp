@@ -9,12 +9,14 @@
 #include <regex>
 
 #include "headroom/core/config.h"
+#include "headroom/core/device_constant.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/memory.h"
 #include "headroom/core/text.h"
 #include "headroom/core/yaml_file.h"
+#include "headroom/interop/tf_checkpoint.h"
 #include "headroom/models/weights_import.h"
 #include "layers.h"
 
@@ -84,6 +86,31 @@ double positive_number(const std::string& file, const YAML::Node& n, const std::
   return *v;
 }
 
+// `input: {mean: [m0, m1, m2], std: [s0, s1, s2], bgr: true}` of a model file.
+InputNorm read_input_norm(const std::string& file, const YAML::Node& n) {
+  InputNorm out;
+  if (!n) return out;
+  const std::string where = yaml_location(file, n.Mark()) + ": input: ";
+  if (!n.IsMap() || !n["mean"] || !n["std"])
+    throw InputError(where + "needs mean and std (3 pixel values each, 0..255), e.g. {mean: [104.0, 114.0, 120.0], std: [73.6, 69.9, 70.9], bgr: true}");
+  for (const auto& [key, into] : {std::pair<const char*, std::vector<double>*>{"mean", &out.mean}, {"std", &out.std}}) {
+    const YAML::Node v = n[key];
+    if (!v.IsSequence() || v.size() != 3) throw InputError(where + key + " must be 3 numbers, got " + node_text(v));
+    for (const auto& x : v) {
+      const auto d = x.IsScalar() ? parse_double(x.Scalar()) : std::nullopt;
+      if (!d || !std::isfinite(*d)) throw InputError(where + key + " must be 3 numbers, got " + node_text(v));
+      into->push_back(*d);
+    }
+  }
+  for (double x : out.std)
+    if (!(x > 0)) throw InputError(where + "std must be positive, got " + node_text(n["std"]));
+  if (const YAML::Node b = n["bgr"]) {
+    if (!b.IsScalar() || (b.Scalar() != "true" && b.Scalar() != "false")) throw InputError(where + "bgr must be true or false");
+    out.bgr = b.Scalar() == "true";
+  }
+  return out;
+}
+
 // Python's round(): half to even, as Ultralytics' depth scaling uses.
 int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 
@@ -100,6 +127,24 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
     throw InputError(yaml_location(file, e.mark) + ": YAML syntax error: " + e.msg);
   }
   if (!root.IsMap()) throw InputError(file + ": a model file is a mapping with nc, backbone and head");
+  if (spec.input) {  // the config's normalisation, written into the YAML the model carries
+    if (spec.input->empty()) {
+      root.remove("input");
+    } else {
+      YAML::Node in;
+      in["mean"] = spec.input->mean;
+      in["std"] = spec.input->std;
+      in["bgr"] = spec.input->bgr;
+      in.SetStyle(YAML::EmitterStyle::Flow);
+      root["input"] = in;
+    }
+    YAML::Emitter e;
+    e << root;
+    yaml_text_ = std::string(e.c_str()) + "\n";
+  }
+  input_norm_ = read_input_norm(file, root["input"]);
+  if (!input_norm_.empty() && spec.channels != 3)
+    throw InputError(file + ": input: normalises 3 channels; this model takes " + std::to_string(spec.channels));
 
   // Scaling: a scales table picked by name, or depth/width multiples (YOLOv5 files).
   double depth = 1.0, width = 1.0;
@@ -268,7 +313,15 @@ void DetectorImpl::run_rows(int begin, int end, std::vector<std::vector<at::Tens
 HeadOutputs DetectorImpl::forward(const at::Tensor& images) {
   TORCH_CHECK(images.dim() == 4 && images.size(2) % info_.input_multiple == 0 && images.size(3) % info_.input_multiple == 0,
               "Detector input must be [B, C, H, W] with H and W multiples of ", info_.input_multiple, ", got ", images.sizes());
-  const at::Tensor x = channels_last_ ? images.contiguous(at::MemoryFormat::ChannelsLast) : images;
+  at::Tensor x = images;
+  if (!input_norm_.empty()) {  // (255 x - mean) / std = x * (255 / std) - mean / std
+    std::vector<double> scale(3), shift(3);
+    for (size_t c = 0; c < 3; ++c) scale[c] = 255.0 / input_norm_.std[c], shift[c] = input_norm_.mean[c] / input_norm_.std[c];
+    if (input_norm_.bgr) x = x.flip(1);
+    x = x * device_constant(scale, x.scalar_type(), x.device()).view({1, 3, 1, 1}) -
+        device_constant(shift, x.scalar_type(), x.device()).view({1, 3, 1, 1});
+  }
+  if (channels_last_) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   std::vector<std::vector<at::Tensor>> values(rows_.size());
   if (segments_.empty() || !at::GradMode::is_enabled()) {
     run_rows(0, int(rows_.size()) - 1, values, x);
@@ -437,6 +490,12 @@ ModelSpec model_spec(const Config& c, int64_t nc) {
       throw InputError(std::string(e.what()) + " (model.init_from from " + c.where("model.init_from") + ")");
     }
   }
+  if (!c.model.input_mean.empty())
+    s.input = InputNorm{c.model.input_mean, c.model.input_std, c.model.input_bgr};
+  else if (!c.model.init_from.empty() && !interop::tf_checkpoint_prefix(c.model.init_from).empty())
+    throw InputError(c.where("model.init_from") + ": model.init_from " + c.model.init_from + " is a TF checkpoint, which does not "
+                     "record the input normalisation it was trained with: give model.input_mean, input_std and input_bgr "
+                     "(its pipeline.config's channel_means, channel_stds, bgr_ordering), or train from the pipeline.config");
   s.nc = nc;
   return s;
 }

@@ -360,13 +360,21 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   Emitter e(g);
   const int64_t B = o.dynamic() ? 1 : o.batch();
   add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic());
+  std::string image = "images";
+  if (const InputNorm& n = model.input_norm(); !n.empty()) {  // as DetectorImpl::forward: x * (255 / std) - mean / std
+    if (n.bgr) image = g.op("Gather", {image, g.ints({2, 1, 0})}, [](onnx::NodeProto& p) { set(p, "axis", int64_t{1}); });
+    std::vector<float> scale(3), shift(3);
+    for (size_t c = 0; c < 3; ++c) scale[c] = float(255.0 / n.std[c]), shift[c] = float(n.mean[c] / n.std[c]);
+    image = g.op("Mul", {image, g.tensor(at::tensor(scale).view({1, 3, 1, 1}), "input_scale")});
+    image = g.op("Sub", {image, g.tensor(at::tensor(shift).view({1, 3, 1, 1}), "input_shift")});
+  }
 
   std::vector<std::vector<std::string>> values;
   const auto gather = [&](const std::vector<int>& from) {
     std::vector<std::string> in;
     for (int j : from) {
       if (j < 0)
-        in.push_back("images");
+        in.push_back(image);
       else
         in.insert(in.end(), values[size_t(j)].begin(), values[size_t(j)].end());
     }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/interop/safetensors.h"
+#include "headroom/interop/tf_checkpoint.h"
 #include "headroom/interop/torch_file.h"
 
 namespace headroom::models {
@@ -140,32 +142,104 @@ std::string first(const std::vector<std::string>& v, size_t n = 5) {
   return s;
 }
 
-// Regex rewrites, applied in order, from our names to xingyizhou/CenterNet's.
-const std::vector<std::pair<std::regex, std::string>>& centernet_rules() {
-  static const std::vector<std::pair<std::regex, std::string>> rules = [] {
-    std::vector<std::pair<std::regex, std::string>> r;
-    const auto add = [&](const char* from, const char* to) { r.emplace_back(std::regex(from), to); };
-    add(R"(^model\.0\.m\.0\.conv\.cb\.)", "pre.0.");
-    add(R"(^model\.0\.m\.0\.res\.)", "pre.1.");
-    add(R"(^model\.1\.kps(\d+)\.)", "kps.$1.");
-    add(R"(^model\.1\.cnvs(\d+)\.cb\.)", "cnvs.$1.");
-    add(R"(^model\.1\.inters(\d+)\.)", "inters.$1.");
-    add(R"(^model\.1\.(inters_|cnvs_)(\d+)\.conv\.)", "$1.$2.0.");  // Sequential(Conv2d, BatchNorm2d)
-    add(R"(^model\.1\.(inters_|cnvs_)(\d+)\.bn\.)", "$1.$2.1.");
-    add(R"(^head\.heatmap\.(\d+)\.0\.cb\.)", "hm.$1.0.");
-    add(R"(^head\.size\.(\d+)\.0\.cb\.)", "wh.$1.0.");
-    add(R"(^head\.offset\.(\d+)\.0\.cb\.)", "reg.$1.0.");
-    add(R"(^head\.heatmap\.(\d+)\.1\.conv\.)", "hm.$1.1.");
-    add(R"(^head\.size\.(\d+)\.1\.conv\.)", "wh.$1.1.");
-    add(R"(^head\.offset\.(\d+)\.1\.conv\.)", "reg.$1.1.");
-    // residual: conv1/bn1, conv2/bn2, skip = Sequential(Conv2d, BatchNorm2d)
-    add(R"(\.conv([12])\.conv\.)", ".conv$1.");
-    add(R"(\.conv([12])\.bn\.)", ".bn$1.");
-    add(R"(\.skip\.conv\.)", ".skip.0.");
-    add(R"(\.skip\.bn\.)", ".skip.1.");
-    return r;
-  }();
+// Name rewrites (regex, replacement), applied in order.
+using Rules = std::vector<std::pair<std::regex, std::string>>;
+Rules make_rules(std::initializer_list<std::pair<const char*, const char*>> list) {
+  Rules r;
+  for (const auto& [from, to] : list) r.emplace_back(std::regex(from), to);
+  return r;
+}
+std::string rewrite(std::string name, const Rules& rules) {
+  for (const auto& [re, to] : rules) name = std::regex_replace(name, re, to);
+  return name;
+}
+
+// From our names to xingyizhou/CenterNet's. A residual's conv1/bn1, conv2/bn2 and skip (a
+// Sequential of Conv2d, BatchNorm2d) come last.
+const Rules& centernet_rules() {
+  static const Rules rules = make_rules({
+      {R"(^model\.0\.m\.0\.conv\.cb\.)", "pre.0."},
+      {R"(^model\.0\.m\.0\.res\.)", "pre.1."},
+      {R"(^model\.1\.kps(\d+)\.)", "kps.$1."},
+      {R"(^model\.1\.cnvs(\d+)\.cb\.)", "cnvs.$1."},
+      {R"(^model\.1\.inters(\d+)\.)", "inters.$1."},
+      {R"(^model\.1\.(inters_|cnvs_)(\d+)\.conv\.)", "$1.$2.0."},  // Sequential(Conv2d, BatchNorm2d)
+      {R"(^model\.1\.(inters_|cnvs_)(\d+)\.bn\.)", "$1.$2.1."},
+      {R"(^head\.heatmap\.(\d+)\.0\.cb\.)", "hm.$1.0."},
+      {R"(^head\.size\.(\d+)\.0\.cb\.)", "wh.$1.0."},
+      {R"(^head\.offset\.(\d+)\.0\.cb\.)", "reg.$1.0."},
+      {R"(^head\.heatmap\.(\d+)\.1\.conv\.)", "hm.$1.1."},
+      {R"(^head\.size\.(\d+)\.1\.conv\.)", "wh.$1.1."},
+      {R"(^head\.offset\.(\d+)\.1\.conv\.)", "reg.$1.1."},
+      {R"(\.conv([12])\.conv\.)", ".conv$1."},
+      {R"(\.conv([12])\.bn\.)", ".bn$1."},
+      {R"(\.skip\.conv\.)", ".skip.0."},
+      {R"(\.skip\.bn\.)", ".skip.1."},
+  });
   return rules;
+}
+
+// TF OD API CenterNet (a tf.train.Checkpoint of CenterNetMetaArch) to our names, applied in
+// order to the key below `model/` with '/' kept; '/' becomes '.' after. The OD API's hourglass
+// is the CornerNet one ours is: stem conv_block + residual_block; per stack encoder_block1 (our
+// up1), encoder_block2 (low1), inner_block/0 (the nested level, low2) or inner_block/k (the
+// innermost blocks), decoder_block (low3); output_conv (cnvs), intermediate_conv1/2 (inters_,
+// cnvs_), intermediate_residual (inters); a ResidualBlock's conv_block, conv+norm and skip are
+// our conv1, conv2 and skip.
+const Rules& tf_centernet_rules() {
+  static const Rules rules = make_rules({
+      {R"(^_feature_extractor/_network/downsample_input/conv_block/)", "model.0.m.0.conv.cb/"},
+      {R"(^_feature_extractor/_network/downsample_input/residual_block/)", "model.0.m.0.res/"},
+      {R"(^_feature_extractor/_network/hourglass_network/(\d+)/)", "model.1.kps$1/"},
+      {R"(^_feature_extractor/_network/output_conv/(\d+)/)", "model.1.cnvs$1.cb/"},
+      {R"(^_feature_extractor/_network/intermediate_conv1/(\d+)/)", "model.1.inters_$1/"},
+      {R"(^_feature_extractor/_network/intermediate_conv2/(\d+)/)", "model.1.cnvs_$1/"},
+      {R"(^_feature_extractor/_network/intermediate_residual/(\d+)/)", "model.1.inters$1/"},
+      {R"(inner_block/0/(?=(encoder_block|decoder_block|inner_block)))", "low2/"},
+      {R"(inner_block/(\d+)/)", "low2/$1/"},
+      {R"(encoder_block1/)", "up1/"},
+      {R"(encoder_block2/)", "low1/"},
+      {R"(decoder_block/)", "low3/"},
+      {R"((res|up1/\d+|low1/\d+|low2/\d+|low3/\d+|inters\d+)/conv_block/)", "$1/conv1/"},
+      {R"((res|up1/\d+|low1/\d+|low2/\d+|low3/\d+|inters\d+)/(conv|norm)/)", "$1/conv2/$2/"},
+      {R"(^_prediction_head_dict/object_center/)", "head.heatmap/"},
+      {R"(^_prediction_head_dict/box\.Sscale/)", "head.size/"},
+      {R"(^_prediction_head_dict/box\.Soffset/)", "head.offset/"},
+      {R"(/layer_with_weights-0/)", "/0/cb/conv/"},
+      {R"(/layer_with_weights-1/)", "/1/conv/"},
+      {R"(/kernel$)", "/weight"},
+      {R"(/norm/gamma$)", "/bn/weight"},
+      {R"(/norm/beta$)", "/bn/bias"},
+      {R"(/norm/moving_mean$)", "/bn/running_mean"},
+      {R"(/norm/moving_variance$)", "/bn/running_var"},
+  });
+  return rules;
+}
+
+// A TF OD API CenterNet checkpoint in our names and layouts: kernels HWIO -> OIHW; the box
+// scale and offset outputs (TF: height, width and y, x) in our order (w, h and x, y). Keys
+// outside the model (save_counter, the optimizer and its slots) are left out.
+std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector<std::pair<std::string, at::Tensor>> raw) {
+  static const std::string kPrefix = "model/", kSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
+  static const std::regex box_output(R"(^head\.(size|offset)\.\d+\.1\.conv\.)");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [key, t] : raw) {
+    if (key.rfind(kPrefix, 0) != 0 || key.find("/.OPTIMIZER_SLOT/") != std::string::npos) continue;
+    std::string k = key.substr(kPrefix.size());
+    if (k.size() > kSuffix.size() && k.compare(k.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
+      k.resize(k.size() - kSuffix.size());
+    k = rewrite(k, tf_centernet_rules());
+    std::replace(k.begin(), k.end(), '/', '.');
+    at::Tensor v = t.dim() == 4 ? t.permute({3, 2, 0, 1}) : t;
+    if (v.is_meta()) {  // shapes only
+      out.emplace_back(k, at::empty(v.sizes(), v.options()));
+    } else {
+      if (std::regex_search(k, box_output)) v = v.flip(0);
+      out.emplace_back(k, v.contiguous());
+    }
+    t = at::Tensor();  // the file's copy goes as soon as ours is made
+  }
+  return out;
 }
 
 // The head's tensors whose shapes follow the class count: YOLOv8/11's class branch (its width
@@ -187,11 +261,7 @@ std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model,
     return out;
   }
   if (naming == Naming::centernet) {
-    for (const auto& n : ours) {
-      std::string r = n;
-      for (const auto& [re, to] : centernet_rules()) r = std::regex_replace(r, re, to);
-      out.emplace_back(n, r);
-    }
+    for (const auto& n : ours) out.emplace_back(n, rewrite(n, centernet_rules()));
     return out;
   }
   // Ultralytics: rows are model.<i>; a row of one module has no index level (`model.3.conv`),
@@ -224,9 +294,21 @@ std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model,
   return out;
 }
 
-ImportedWeights read_imported_weights(const std::string& path) {
+ImportedWeights read_imported_weights(const std::string& path, bool shapes_only) {
   ImportedWeights w;
   w.path = path;
+  if (const std::string prefix = interop::tf_checkpoint_prefix(path); !prefix.empty()) {
+    w.source = "TF OD API CenterNet checkpoint";
+    w.tensors = tf_centernet_tensors(interop::read_tf_checkpoint(prefix, !shapes_only));
+    w.self_contained = false;
+    // The architecture off the tensors, read through xingyizhou's names (the same network).
+    std::vector<std::pair<std::string, at::Tensor>> renamed;
+    for (const auto& [k, v] : w.tensors) {
+      renamed.emplace_back(rewrite(k, centernet_rules()), v);
+    }
+    w.model = centernet_spec(renamed, path);
+    return w;
+  }
   if (!std::filesystem::is_regular_file(path)) throw InputError(path + ": weights file not found");
   if (interop::looks_like_safetensors(path)) {
     interop::SafeTensors st = interop::read_safetensors(path);
@@ -310,7 +392,7 @@ ImportedWeights read_imported_weights(const std::string& path) {
   return w;
 }
 
-ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head) {
+ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head, bool backbone_only) {
   ImportReport r;
   std::map<std::string, const at::Tensor*> theirs;
   for (const auto& [k, v] : w.tensors) theirs[k] = &v;
@@ -319,9 +401,15 @@ ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool 
   for (const auto& p : model.named_parameters()) ours[p.key()] = p.value();
   for (const auto& b : model.named_buffers()) ours[b.key()] = b.value();
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // into, from
+  std::vector<std::string> kept;  // backbone_only: the head's tensors
   for (const auto& [mine, name] : file_names(model, w.naming)) {
     const at::Tensor& into = ours.at(mine);
     const auto it = theirs.find(name);
+    if (backbone_only && mine.rfind("head.", 0) == 0) {
+      kept.push_back(mine);
+      if (it != theirs.end()) used.insert(name);
+      continue;
+    }
     if (it == theirs.end()) {
       // PyTorch before 0.4.1 saved no BatchNorm step counters; they only matter with momentum=None.
       if (mine.size() < 20 || mine.compare(mine.size() - 20, 20, ".num_batches_tracked") != 0) r.missing.push_back(mine);
@@ -358,6 +446,8 @@ ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool 
   for (auto& [into, from] : copies) into.copy_(from);
   if (!r.reinitialised.empty())
     spdlog::info("{}: the head's class outputs are re-initialised for {} classes ({})", w.path, model.info().nc, first(r.reinitialised, 2));
+  if (!kept.empty()) spdlog::info("{}: the backbone only; the head's {} tensors keep their initialisation", w.path, kept.size());
+  r.reinitialised.insert(r.reinitialised.end(), kept.begin(), kept.end());
   return r;
 }
 
@@ -367,11 +457,12 @@ std::optional<ModelSpec> carried_model(const std::string& path) {
   static std::mutex mutex;
   static std::map<std::string, std::pair<std::filesystem::file_time_type, std::optional<ModelSpec>>> cache;
   std::error_code ec;
-  const auto stamp = std::filesystem::last_write_time(path, ec);
+  const std::string tf_prefix = interop::tf_checkpoint_prefix(path);
+  const auto stamp = std::filesystem::last_write_time(tf_prefix.empty() ? path : tf_prefix + ".index", ec);
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(path);
   if (it != cache.end() && it->second.first == stamp) return it->second.second;
-  const ImportedWeights w = read_imported_weights(path);
+  const ImportedWeights w = read_imported_weights(path, /*shapes_only=*/true);
   // CenterNet: the config's Hourglass; the import checks it against the tensors.
   const std::optional<ModelSpec> spec = w.naming == Naming::centernet ? std::nullopt : w.model;
   cache[path] = {stamp, spec};
@@ -381,6 +472,10 @@ std::optional<ModelSpec> carried_model(const std::string& path) {
 LoadedWeights load_any_weights(const std::string& path, c10::Device device) {
   if (has_headroom_trailer(path)) return load_weights(path, device);
   ImportedWeights w = read_imported_weights(path);
+  if (!w.self_contained)
+    throw InputError(path + ": a " + w.source + " does not record the input normalisation it was trained with (pipeline.config's "
+                     "channel_means, channel_stds, bgr_ordering); start from it with its pipeline.config (fine_tune_checkpoint), "
+                     "or with model.init_from and model.input_mean, input_std, input_bgr");
   if (!w.model)
     throw InputError(path + ": " + w.source + " carries no model description; start a run from it with model.init_from=" + path +
                      " and model.file naming its architecture");

@@ -117,7 +117,7 @@ TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::
     spdlog::info("model.init_from {}: the model is the file's own ({}{}), not model.file {}", c.model.init_from,
                  p.model->yaml_file(), p.model->scale().empty() ? "" : " scale " + p.model->scale(), c.model.file);
   if (!c.model.init_from.empty()) {
-    const std::vector<std::string> skipped = init_from_weights(*p.model, c.model.init_from);
+    const std::vector<std::string> skipped = init_from_weights(*p.model, c.model.init_from, c.model.init_backbone_only);
     spdlog::info("model.init_from {}: {} tensors skipped{}", c.model.init_from, skipped.size(), skipped.empty() ? "" : ":");
     for (const auto& s : skipped) spdlog::info("  {}", s);
   }
@@ -842,9 +842,9 @@ void Trainer::load_checkpoint(const std::string& path) {
   spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps());
 }
 
-std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path) {
+std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path, bool backbone_only) {
   if (!models::has_headroom_trailer(path)) {  // another trainer's weights
-    const models::ImportReport r = models::import_weights(model, models::read_imported_weights(path), /*new_head=*/true);
+    const models::ImportReport r = models::import_weights(model, models::read_imported_weights(path), /*new_head=*/true, backbone_only);
     return r.reinitialised;
   }
   torch::serialize::InputArchive archive;
@@ -870,7 +870,9 @@ std::vector<std::string> init_from_weights(models::DetectorImpl& model, const st
         for (auto& b : m.named_buffers(/*recurse=*/false)) take(b.key(), b.value(), true);
         for (auto& c : m.named_children()) {
           torch::serialize::InputArchive sub;
-          if (a.try_read(c.key(), sub))
+          if (backbone_only && prefix.empty() && c.key() == "head")
+            skipped.push_back("head: keeps its initialisation (model.init_backbone_only)");
+          else if (a.try_read(c.key(), sub))
             walk(*c.value(), sub, prefix + c.key() + ".");
           else if (!c.value()->parameters().empty())
             skipped.push_back(prefix + c.key() + ": not in the file");

@@ -38,6 +38,9 @@ struct ModelConfig {
   std::string scale;                         // "" = from the file name or the file
   bool channels_last = false;
   std::string init_from;                     // weights or checkpoint to start from (matching names and shapes)
+  std::vector<double> input_mean, input_std;  // TF's channel_means / channel_stds (0..255); empty = the model file's
+  bool input_bgr = false;                     // TF's bgr_ordering, with input_mean
+  bool init_backbone_only = false;            // init_from gives the backbone; the head keeps its initialisation
 };
 
 // augment: on-device augmentation (src/augment). Two vocabularies side by side: Ultralytics'

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,15 @@ struct StageSpan {
   std::string name;        // "rows 2-3 C2f.. (stride 4)"
 };
 
+// The input normalisation a network was trained with, as the TF OD API states it
+// (channel_means, channel_stds, bgr_ordering): the first layer sees (255 x - mean) / std per
+// channel, channels reversed first when bgr. None when mean is empty: the image in [0, 1] as it is.
+struct InputNorm {
+  std::vector<double> mean, std;  // 3 values each, 0..255 pixel units, in the order the network sees
+  bool bgr = false;
+  bool empty() const { return mean.empty(); }
+};
+
 struct ModelSpec {
   std::string file;          // model YAML; "yolov8s.yaml" means scale s of yolov8.yaml
   std::string text;          // the YAML itself (weights files carry it); when set, `file` only names it
@@ -85,6 +95,7 @@ struct ModelSpec {
   std::string base_dir;      // the config file's folder: `file` is looked for there too
   int64_t nc = -1;           // -1 = the file's nc (the data set's class count overrides it)
   int64_t channels = 3;
+  std::optional<InputNorm> input;  // replaces the YAML's `input:` (then written into yaml_text)
 };
 
 class DetectorImpl : public torch::nn::Module {
@@ -99,6 +110,7 @@ class DetectorImpl : public torch::nn::Module {
   const std::string& scale() const { return scale_; }
   const std::string& yaml_text() const { return yaml_text_; }  // what it was built from
   const std::string& yaml_file() const { return yaml_file_; }
+  const InputNorm& input_norm() const { return input_norm_; }
   // "yolo11n": the YAML's name without its folder and extension, with the scale (a YAML inside a
   // weights file, "best.pt:yolov8n.yaml", is named by its own part).
   std::string name() const;
@@ -163,6 +175,7 @@ class DetectorImpl : public torch::nn::Module {
   RecomputeMode recompute_ = RecomputeMode::off;
   std::vector<Segment> segments_;
   bool channels_last_ = false;
+  InputNorm input_norm_;
   std::function<void(int)> row_observer_;
 };
 TORCH_MODULE(Detector);

@@ -5,7 +5,9 @@
 //   - xingyizhou/CenterNet checkpoints ({'epoch', 'state_dict'}, zip or legacy format, with or
 //     without DataParallel's `module.` prefix), their Hourglass read off the tensor shapes;
 //   - safetensors: Headroom's (the model description in the metadata) or a state_dict in any of
-//     these namings.
+//     these namings;
+//   - TF OD API CenterNet checkpoints (the zoo's checkpoint/ckpt-0: the prefix or its .index),
+//     their Hourglass read off the tensor shapes, kernels and box outputs in our layout.
 // An import is all or nothing: every tensor is checked (name, shape) before any is copied.
 #pragma once
 
@@ -31,11 +33,14 @@ struct ImportedWeights {
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // the file's names, on the CPU
   std::optional<ModelSpec> model;     // the architecture the file carries, when it does
   std::vector<std::string> names;     // class names, when the file has them
+  bool self_contained = true;         // false: the model needs a config's input normalisation (TF checkpoints)
 };
 
 // Any weights file but Headroom's own archives (has_headroom_trailer). InputError naming the
 // file and what was found when it is none of the formats above, or damaged.
-ImportedWeights read_imported_weights(const std::string& path);
+// `shapes_only`: a TF checkpoint's index alone is read (tensors on the meta device: enough for
+// the architecture); other formats are read whole either way.
+ImportedWeights read_imported_weights(const std::string& path, bool shapes_only = false);
 
 // The file's name for each of the model's parameters and buffers ({ours, theirs}).
 std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model, Naming naming);
@@ -52,7 +57,9 @@ struct ImportReport {
 // whose shape differs (a data set with another class count) keep their initialisation; anything
 // else missing, unexpected or mismatched refuses the whole file (InputError listing them) and
 // leaves the model untouched. Logs what it matched.
-ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head);
+// `backbone_only`: the head's tensors are not taken (the file's are not required either) and keep
+// their initialisation, listed with `reinitialised`.
+ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head, bool backbone_only = false);
 
 // Weights for val / predict / export: Headroom's archives and safetensors, or any file above
 // that carries its architecture (CenterNet's is read off its tensors).

@@ -327,8 +327,8 @@ class Trainer {
   std::optional<eval::CocoStats> last_metrics_;
 };
 
-// `model.init_from`: copies every parameter and buffer whose name and shape match; returns the
-// names it skipped, with the reason.
-std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path);
+// `model.init_from`: copies every parameter and buffer whose name and shape match (the head's
+// none with `backbone_only`); returns the names it skipped, with the reason.
+std::vector<std::string> init_from_weights(models::DetectorImpl& model, const std::string& path, bool backbone_only = false);
 
 }  // namespace headroom::train
