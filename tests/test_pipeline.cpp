@@ -84,6 +84,11 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
     means = means || (setting.key == "model.input_mean" && setting.where.find("pipeline.config:6") != std::string::npos);
   EXPECT_TRUE(means);
   EXPECT_NE(notes.find("max_number_of_boxes"), std::string::npos) << notes;
+  // use_display_name is read: class/text is matched against name and display_name alike.
+  const std::string shown = pipeline_with("pipeline-display", {kNoCheckpoint, {"  label_map_path:", "  use_display_name: true\n  label_map_path:"}});
+  std::string shown_notes;
+  for (const auto& n : read_pipeline_config(shown).notes) shown_notes += n + "\n";
+  EXPECT_NE(shown_notes.find("use_display_name: Headroom matches"), std::string::npos) << shown_notes;
 }
 
 // Everything Headroom cannot run is listed at once, each with its line and what to do.

@@ -468,7 +468,7 @@ void map_train(const At& train, Mapper& m) {
 // One input reader's files; `shuffle_expected` is what Headroom does with that split.
 std::vector<std::string> map_reader(const At& reader, const std::string& file, bool training, Mapper& m,
                                     std::string& label_map, std::string& label_map_where) {
-  m.only(reader, {"label_map_path", "tf_record_input_reader", "shuffle", "num_readers", "num_epochs"});
+  m.only(reader, {"label_map_path", "tf_record_input_reader", "shuffle", "num_readers", "num_epochs", "use_display_name"});
   const auto& r = static_cast<const tf::InputReader&>(*reader.msg);
   if (!r.has_tf_record_input_reader() || r.tf_record_input_reader().input_path_size() == 0) {
     m.problem(reader.line("tf_record_input_reader"), reader.path + " needs tf_record_input_reader { input_path: ... }");
@@ -488,6 +488,9 @@ std::vector<std::string> map_reader(const At& reader, const std::string& file, b
     m.problem(reader.line("shuffle"), "shuffle false for training: Headroom shuffles the training split every epoch; remove it");
   if (!training && r.shuffle() && r.has_shuffle())
     m.note(reader.line("shuffle"), "shuffle: Headroom validates in file order");
+  if (r.has_use_display_name())
+    m.note(reader.line("use_display_name"), "use_display_name: Headroom matches image/object/class/text against both the "
+           "label map's name and display_name, and names classes by display_name where given");
   if (r.has_num_readers())
     m.note(reader.line("num_readers"), "num_readers: Headroom reads with data.workers threads (auto: every core)");
   if (r.has_num_epochs() && !(r.num_epochs() == 1 && !training))
