@@ -239,7 +239,7 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
   const std::string dir = temp_dir("dist-missing");
   const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.steps=1", "distributed.timeout=2"},
                                                      "yolov8.yaml"));
-  const std::string port = std::to_string(20000 + (::getpid() * 13) % 20000);
+  const std::string port = std::to_string(20000 + (::getpid() * 13) % 6000);  // below the ephemeral ports (32768-)
   RunResult r = run_trainer("train --config " + cfg);
   ASSERT_EQ(r.exit_code, 0) << r.output;  // alone, the same config trains as one process
   ::setenv("RANK", "0", 1);
@@ -307,7 +307,7 @@ namespace {
   char exe[4096] = {0};
   if (::readlink("/proc/self/exe", exe, sizeof exe - 1) <= 0) return ::testing::AssertionFailure() << "no /proc/self/exe";
   static int runs = 0;
-  const int port = 20000 + (::getpid() * 7 + runs++) % 20000;
+  const int port = 26000 + (::getpid() * 7 + runs++) % 6000;  // below the ephemeral ports, apart from the other test's
   for (int r = 0; r < 2; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
