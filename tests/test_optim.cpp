@@ -22,9 +22,17 @@ using namespace headroom::train;
 
 namespace {
 
-// PyTorch's documented algorithms, one parameter at a time with plain tensor ops.
+// PyTorch's documented algorithms (RMSprop: TensorFlow's ApplyRMSProp, rho 0.9, decoupled decay),
+// one parameter at a time with plain tensor ops.
 void reference_step(OptimizerKind kind, at::Tensor& p, at::Tensor g, at::Tensor& buf1, at::Tensor& buf2, int64_t t,
                     double lr, double m, double beta2, double eps, double wd, bool nesterov) {
+  if (kind == OptimizerKind::rmsprop) {
+    p = p * (1 - lr * wd);
+    buf2 = 0.9 * buf2 + 0.1 * g * g;
+    buf1 = m * buf1 + lr * g / (buf2 + eps).sqrt();
+    p = p - buf1;
+    return;
+  }
   if (kind == OptimizerKind::sgd) {
     if (wd != 0) g = g + wd * p;
     buf1 = m * buf1 + g;  // zero-initialised buffer: the first step gives buf = g, as torch.optim
@@ -78,6 +86,10 @@ void check_against_reference(OptimizerKind kind, bool fused) {
 TEST(Optimizer, SgdNesterovMatchesTheReference) { check_against_reference(OptimizerKind::sgd, false); }
 TEST(Optimizer, AdamMatchesTheReference) { check_against_reference(OptimizerKind::adam, false); }
 TEST(Optimizer, AdamWMatchesTheReference) { check_against_reference(OptimizerKind::adamw, false); }
+TEST(Optimizer, RmspropMatchesTheReference) {
+  check_against_reference(OptimizerKind::rmsprop, false);
+  check_against_reference(OptimizerKind::rmsprop, true);  // no fused kernel: the in-place path either way
+}
 
 TEST(Optimizer, FusedKernelsMatchTheReference) {
 #if HEADROOM_HAS_FUSED_OPTIMIZERS
@@ -96,7 +108,7 @@ TEST(Optimizer, AnUpdateNeedsAtMostTheLargestParameterBeyondItsState) {
   std::vector<at::Tensor> params = {at::randn({64, 32, 3, 3}), at::randn({1000}), at::randn({16, 16})};
   const int64_t largest = params[0].numel() * int64_t(sizeof(float));
   for (auto& p : params) p.set_requires_grad(true);
-  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw})
+  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop})
     for (bool fused : {false, bool(HEADROOM_HAS_FUSED_OPTIMIZERS)}) {
       Optimizer opt({{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false}, {"bias", {params[1]}, 0.02, 0.9, 0.0, true}},
                     OptimizerOptions().kind(kind).fused(fused));
@@ -107,8 +119,8 @@ TEST(Optimizer, AnUpdateNeedsAtMostTheLargestParameterBeyondItsState) {
         opt.step();
         const int64_t extra = alloc.peak() - before;
         // 0-dim factors and wrapped numbers: a few hundred bytes
-        EXPECT_LE(extra, (fused ? 0 : largest) + 1024) << to_string(kind) << (fused ? " fused" : " in place") << ", step " << step;
-        if (!fused && kind != OptimizerKind::sgd) EXPECT_GE(extra, largest) << "the workspace is the largest parameter";
+        EXPECT_LE(extra, (opt.fused() ? 0 : largest) + 1024) << to_string(kind) << (opt.fused() ? " fused" : " in place") << ", step " << step;
+        if (!opt.fused() && kind != OptimizerKind::sgd) EXPECT_GE(extra, largest) << "the workspace is the largest parameter";
       }
     }
 }
@@ -266,7 +278,7 @@ TEST(Ema, FollowsTheDecayRamp) {
 TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
   // The governor re-runs a step after an OOM: a half-applied update would be applied twice.
   auto& alloc = memory::CountingCpuAllocator::install();
-  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}) {
+  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop}) {
     at::manual_seed(5);
     std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};
     for (auto& p : params) p.set_requires_grad(true);

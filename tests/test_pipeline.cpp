@@ -114,7 +114,8 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
                            {"min_box_overlap_iou: 0.6", "min_box_overlap_iuo: 0.6"},
                            {"type: \"hourglass_104\"", "type: \"resnet_v2_101\""},
                            {"random_adjust_hue {\n    }", "ssd_random_crop {\n    }"},
-                           {"adam_optimizer {", "rms_prop_optimizer {"},
+                           {"    input_path: \"annotations/test.record\"\n  }\n}", "    input_path: \"annotations/test.record\"\n  }\n}\n"
+                                                                                    "graph_rewriter {\n  quantization {\n    delay: 48000\n  }\n}\n"},
                            {"metrics_set: \"coco_detection_metrics\"", "metrics_set: \"pascal_voc_detection_metrics\""}});
   e = test::input_error_of([&] { load_config(edited); });
   EXPECT_NE(e.find("5 fields of this pipeline.config Headroom cannot run"), std::string::npos) << e;
@@ -122,7 +123,7 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   EXPECT_NE(e.find(":5: feature_extractor type 'resnet_v2_101' is not built by Headroom"), std::string::npos) << e;
   EXPECT_NE(e.find("ssd_random_crop is not read by Headroom; the augmentation options Headroom runs are random_horizontal_flip"),
             std::string::npos) << e;
-  EXPECT_NE(e.find("rms_prop_optimizer is not supported by Headroom: Headroom's optimizers are adam_optimizer"), std::string::npos) << e;
+  EXPECT_NE(e.find(":125:16: graph_rewriter is not read by Headroom: quantisation-aware training is not built"), std::string::npos) << e;
   EXPECT_NE(e.find("metrics_set 'pascal_voc_detection_metrics'"), std::string::npos) << e;
 
   const std::string broken = pipeline_with("pipeline-syntax", {{"batch_size: 2", "batch_size: two"}});
@@ -184,6 +185,60 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   });
   EXPECT_NE(e.find("total_steps 10 leaves no steps to decay after warmup_steps 10"), std::string::npos) << e;
   EXPECT_NE(e.find("warmup_learning_rate exceeds learning_rate_base"), std::string::npos) << e;
+}
+
+// rms_prop_optimizer as TF2's OD API runs it (tf.keras' legacy RMSprop, its `decay` an inverse-time
+// decay of the rate): the parameter trajectories are TensorFlow's own, computed by
+// scripts/make_tf_optimizer_reference.py through the OD API's optimizer_builder; the pipeline goes
+// through Headroom's mapping, schedule and optimizer as a run does.
+TEST(Pipeline, TheOdApisRmsPropRunsAsTfRunsIt) {
+  struct Case {
+    std::string name, optimizer;  // what replaces the user's adam_optimizer block
+    std::vector<std::vector<float>> grads, expected;
+  };
+  const std::vector<float> start = {1.0f, -2.0f, 0.5f, 3.0f};
+  const std::vector<std::vector<float>> grads = {{0.5f, -1.0f, 2.0f, 0.01f}, {0.4f, 1.0f, -2.0f, 0.02f},  {-0.3f, -1.0f, 1.5f, 0.0f},
+                                                 {0.2f, 0.5f, -1.0f, 0.03f}, {0.1f, -0.5f, 0.5f, -0.04f}, {-0.1f, 0.25f, 0.0f, 0.05f}};
+  const std::vector<Case> cases = {
+      // ApplyRMSProp (momentum): eps inside the root; decay 0.9 divides the rate by 1 + 0.9 step.
+      {"momentum",
+       "rms_prop_optimizer {\n learning_rate { manual_step_learning_rate { initial_learning_rate: 0.1\n"
+       " schedule { step: 3 learning_rate: 0.01 } } }\n momentum_optimizer_value: 0.9 decay: 0.9 epsilon: 1.0 }\n",
+       grads,
+       {{0.950613499f, -1.90465379f, 0.330969155f, 2.99900007f},
+        {0.885506988f, -1.86708939f, 0.258186489f, 2.99704742f},
+        {0.837398946f, -1.8016026f, 0.153909013f, 2.99529004f},
+        {0.793572485f, -1.74386418f, 0.0620107576f, 2.99362731f},
+        {0.753915489f, -1.69093394f, -0.0214965343f, 2.99221778f},
+        {0.718402743f, -1.64370382f, -0.0966530964f, 2.99085832f}}},
+      // Without momentum, Keras' own update: eps outside the root.
+      {"plain",
+       "rms_prop_optimizer {\n learning_rate { constant_learning_rate { learning_rate: 0.05 } }\n"
+       " momentum_optimizer_value: 0.0 decay: 0.0 epsilon: 0.1 }\n",
+       {grads.begin(), grads.begin() + 4},
+       {{0.903143525f, -1.87987351f, 0.363472939f, 2.99515319f},
+        {0.835624814f, -1.97317624f, 0.466376901f, 2.98580742f},
+        {0.884180129f, -1.89260602f, 0.395179868f, 2.98580742f},
+        {0.851717949f, -1.93302274f, 0.442431003f, 2.97234106f}}},
+  };
+  const std::string adam_block = users_pipeline().substr(users_pipeline().find("adam_optimizer {"),
+                                                         users_pipeline().find("    use_moving_average") - users_pipeline().find("adam_optimizer {"));
+  for (const Case& k : cases) {
+    const Config c = load_config(pipeline_with("pipeline-rms-" + k.name, {kNoCheckpoint, {adam_block, k.optimizer}}));
+    ASSERT_EQ(c.train.optimizer, "rmsprop");
+    train::TrainerOptions o = train::trainer_options(c, c10::Device(c10::kCPU));
+    const train::Schedule schedule(o.schedule().total_steps(c.train.steps));
+    at::Tensor p = at::tensor(start).requires_grad_(true);
+    train::Optimizer optimizer({{"weights", {p}, 0, 0, c.train.weight_decay, false}}, o.optimizer());
+    for (size_t step = 0; step < k.grads.size(); ++step) {
+      schedule.apply(optimizer, int64_t(step));
+      p.mutable_grad() = at::tensor(k.grads[step]);
+      optimizer.step();
+      for (size_t i = 0; i < start.size(); ++i)
+        EXPECT_NEAR(p[int64_t(i)].item<float>(), k.expected[step][i], 2e-6 * std::max(1.0f, std::abs(k.expected[step][i])))
+            << k.name << " step " << step << " element " << i;
+    }
+  }
 }
 
 // `config convert` writes YAML that loads to the same configuration as the pipeline itself.

@@ -516,16 +516,22 @@ std::vector<ConfigKey> build_schema() {
       int_key<int>("train.epochs", [](Config& c) -> int& { return c.train.epochs; }, 1, 1 << 20, "Epochs to train."),
       int_key<int64_t>("train.steps", [](Config& c) -> int64_t& { return c.train.steps; }, 0, int64_t{1} << 40,
                        "Optimizer steps to train (TF OD API num_steps); 0 = train.epochs decides."),
-      choice_key("train.optimizer", [](Config& c) -> std::string& { return c.train.optimizer; }, {"sgd", "adam", "adamw"},
-                              "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases.",
+      choice_key("train.optimizer", [](Config& c) -> std::string& { return c.train.optimizer; }, {"sgd", "adam", "adamw", "rmsprop"},
+                              "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases. rmsprop is "
+                              "TensorFlow's (the TF OD API's rms_prop_optimizer): ms = rho ms + (1 - rho) g^2; with momentum "
+                              "buf = momentum buf + lr g / sqrt(ms + eps), p -= buf; without, p -= lr g / (sqrt(ms) + eps); "
+                              "weight decay decoupled.",
                               {{"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}}),
       double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
       double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,
                  "linear / cosine schedules end at lr0 * lrf."),
       double_key("train.eps", [](Config& c) -> double& { return c.train.eps; }, 0, 1,
-                 "Adam / AdamW epsilon, added to the root of the second moment (PyTorch 1e-8, Keras 1e-7)."),
+                 "Adam / AdamW epsilon, added to the root of the second moment (PyTorch 1e-8, Keras 1e-7); "
+                 "rmsprop: as TF adds it (see train.optimizer)."),
+      double_key("train.rho", [](Config& c) -> double& { return c.train.rho; }, 0, 0.999999,
+                 "rmsprop: the moving-average factor of squared gradients (Keras rho)."),
       double_key("train.momentum", [](Config& c) -> double& { return c.train.momentum; }, 0, 0.999999,
-                 "SGD momentum; Adam and AdamW beta1."),
+                 "SGD and rmsprop momentum; Adam and AdamW beta1."),
       bool_key("train.nesterov", [](Config& c) -> bool& { return c.train.nesterov; }, "Nesterov momentum (SGD)."),
       double_key("train.weight_decay", [](Config& c) -> double& { return c.train.weight_decay; }, 0, 1,
                  "Weight decay of convolution and linear weights, scaled by batch * accumulate / nominal_batch."),
@@ -549,6 +555,9 @@ std::vector<ConfigKey> build_schema() {
                "exponential schedule: decay in whole steps of decay_every (false: smoothly)."),
       double_key("train.min_lr", [](Config& c) -> double& { return c.train.min_lr; }, 0, 10,
                  "exponential schedule: the rate never falls below this."),
+      double_key("train.inverse_time_decay", [](Config& c) -> double& { return c.train.inverse_time_decay; }, 0, 1e6,
+                 "Every rate divided by 1 + this * optimizer step, after the schedule and warmup (Keras' legacy "
+                 "optimizers' `decay`, which TF2's OD API passes rms_prop_optimizer's decay to)."),
       choice_key("train.warmup", [](Config& c) -> std::string& { return c.train.warmup; },
                  {"ultralytics", "linear", "constant"},
                  "ultralytics: rates from 0 (biases from warmup_bias_lr), SGD momentum from warmup_momentum, "

@@ -123,7 +123,6 @@ const std::map<std::string, std::string>& advice() {
       {"temporal_offset_task", "Headroom's CenterNet detects boxes only"},
       {"graph_rewriter", "quantisation-aware training is not built; export to ONNX and quantise there"},
       {"external_input_reader", "give the data as TFRecord files (tf_record_input_reader)"},
-      {"rms_prop_optimizer", "Headroom's optimizers are adam_optimizer and momentum_optimizer (SGD)"},
   };
   return a;
 }
@@ -406,7 +405,7 @@ void map_train(const At& train, Mapper& m) {
   }
 
   const At opt = train.nested("optimizer");
-  m.only(opt, {"adam_optimizer", "momentum_optimizer", "use_moving_average", "moving_average_decay"});
+  m.only(opt, {"adam_optimizer", "momentum_optimizer", "rms_prop_optimizer", "use_moving_average", "moving_average_decay"});
   const auto& o = t.optimizer();
   if (o.has_adam_optimizer()) {
     const At a = opt.nested("adam_optimizer");
@@ -425,8 +424,26 @@ void map_train(const At& train, Mapper& m) {
     m.set("train.nesterov", "false", opt.line("momentum_optimizer"), "momentum_optimizer (not Nesterov)");
     m.set("train.weight_decay", "0", opt.line("momentum_optimizer"), "momentum_optimizer (no weight decay)");
     map_learning_rate(a.nested("learning_rate"), m);
-  } else if (!o.has_rms_prop_optimizer()) {
-    m.problem(train.line("optimizer"), "train_config needs an optimizer: adam_optimizer or momentum_optimizer (SGD)");
+  } else if (o.has_rms_prop_optimizer()) {
+    // TF2's OD API builds tf.keras' (legacy) RMSprop(lr, decay=decay, momentum=..., epsilon=...):
+    // Keras takes `decay` as the rate's inverse-time decay, and rho keeps its default 0.9.
+    const At a = opt.nested("rms_prop_optimizer");
+    const auto& r = o.rms_prop_optimizer();
+    m.only(a, {"learning_rate", "momentum_optimizer_value", "decay", "epsilon"});
+    m.set("train.optimizer", "rmsprop", opt.line("rms_prop_optimizer"), "rms_prop_optimizer (TensorFlow's RMSprop)");
+    m.set("train.momentum", yaml_number(r.momentum_optimizer_value()), a.line("momentum_optimizer_value"),
+          "rms_prop_optimizer momentum_optimizer_value");
+    m.set("train.eps", yaml_number(r.epsilon()), a.line("epsilon"), "rms_prop_optimizer epsilon");
+    m.set("train.rho", "0.9", opt.line("rms_prop_optimizer"), "rms_prop_optimizer (Keras' rho 0.9)");
+    m.set("train.inverse_time_decay", yaml_number(r.decay()), a.line("decay"),
+          "rms_prop_optimizer decay (Keras: rate / (1 + decay * step))");
+    if (r.decay() > 0)
+      m.note(a.line("decay"), "rms_prop_optimizer decay " + yaml_number(r.decay()) + ": TF2's OD API hands it to Keras' RMSprop, "
+             "which divides the rate by 1 + decay * step (not rho, which stays 0.9); Headroom does the same");
+    m.set("train.weight_decay", "0", opt.line("rms_prop_optimizer"), "rms_prop_optimizer (no weight decay)");
+    map_learning_rate(a.nested("learning_rate"), m);
+  } else {
+    m.problem(train.line("optimizer"), "train_config needs an optimizer: adam_optimizer, momentum_optimizer (SGD) or rms_prop_optimizer");
   }
   m.set("train.ema", o.use_moving_average() ? "true" : "false", opt.line("use_moving_average"), "use_moving_average");
   if (o.use_moving_average()) {

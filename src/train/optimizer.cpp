@@ -14,7 +14,8 @@ namespace headroom::train {
 
 namespace {
 const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
-    {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}};
+    {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw},
+    {"rmsprop", OptimizerKind::rmsprop}};
 }  // namespace
 
 OptimizerKind optimizer_kind_from(const std::string& word) { return enum_from_word(word, kOptimizerKind); }
@@ -44,14 +45,14 @@ std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight
 Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options)
     : groups_(std::move(groups)), options_(options) {
 #if HEADROOM_HAS_FUSED_OPTIMIZERS
-  fused_ = options_.fused();
+  fused_ = options_.fused() && options_.kind() != OptimizerKind::rmsprop;
 #endif
   for (const auto& g : groups_) {
     State s;
-    const bool adam = options_.kind() != OptimizerKind::sgd;
+    const bool two_buffers = options_.kind() != OptimizerKind::sgd;
     for (const auto& p : g.params) {
       s.buf1.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
-      if (adam) s.buf2.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      if (two_buffers) s.buf2.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
     }
     s.step = at::zeros({}, g.params.front().options().dtype(at::kFloat));
     state_.push_back(std::move(s));
@@ -110,16 +111,18 @@ void Optimizer::step(const at::Tensor& found_inf) {
 }
 
 void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
-  // Atomic without a copy of the model: everything the update allocates — Adam's one workspace the size
-  // of the largest parameter and the 0-dim factors — is made before the first parameter changes;
+  // Atomic without a copy of the model: everything the update allocates — Adam's and RMSprop's one
+  // workspace the size of the largest parameter and the 0-dim factors — is made before the first parameter changes;
   // after that every op writes in place and allocates nothing (no plain-number operands, which
   // LibTorch wraps in fresh tensors). An out-of-memory error leaves parameters and state untouched
   // and the governor can re-run the step; the extra memory is bounded by that one workspace.
-  const bool adam = options_.kind() != OptimizerKind::sgd;
+  const OptimizerKind kind = options_.kind();
+  const bool adam = kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
   const at::Tensor& p0 = active.front().params.front();
-  const at::Tensor workspace = adam ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
+  const at::Tensor workspace =
+      kind != OptimizerKind::sgd ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
   struct Factors {
-    at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;
+    at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;  // beta2: RMSprop's rho
   };
   std::vector<Factors> factors;
   std::vector<double> rate;  // Adam: the host-side step count of each group (this path syncs anyway)
@@ -136,6 +139,9 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
       f.bc2_sqrt = scalar(std::sqrt(1 - std::pow(options_.beta2(), t)));
       f.eps = scalar(options_.eps());
       rate.push_back(-g.lr / (1 - std::pow(g.momentum, t)));
+    } else if (kind == OptimizerKind::rmsprop) {
+      f.beta2 = scalar(options_.rho());
+      f.eps = scalar(options_.eps());
     }
     factors.push_back(std::move(f));
   }
@@ -147,6 +153,23 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
     for (size_t j = 0; j < a.params.size(); ++j) {
       at::Tensor& p = a.params[j];
       const at::Tensor& grad = a.grads[j];
+      if (kind == OptimizerKind::rmsprop) {
+        // TF has two kernels: ApplyRMSProp (momentum; eps inside the root, the rate inside the
+        // buffer) and the plain update (eps outside the root).
+        at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
+        at::Tensor& ms = a.buf2[j];
+        ms.mul_(f.beta2).addcmul_(grad, grad, 1 - options_.rho());
+        if (wd != 0) p.mul_(f.decay);
+        if (m != 0) {
+          ws.copy_(ms).add_(f.eps).sqrt_();
+          a.buf1[j].mul_(f.momentum).addcdiv_(grad, ws, lr);
+          p.sub_(a.buf1[j]);
+        } else {
+          at::sqrt_out(ws, ms).add_(f.eps);
+          p.addcdiv_(grad, ws, -lr);
+        }
+        continue;
+      }
       if (!adam) {
         // buf = m buf + (g + wd p); p -= lr (g + wd p + m buf) [nesterov] or lr buf
         at::Tensor& buf = a.buf1[j];
@@ -167,12 +190,12 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
       // d = g (+ wd p for Adam's L2 decay), in the workspace; then the moments, then
       // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, reusing the workspace.
       at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
-      const bool l2 = options_.kind() == OptimizerKind::adam && wd != 0;
+      const bool l2 = kind == OptimizerKind::adam && wd != 0;
       const at::Tensor& d = l2 ? ws.copy_(grad).add_(p, wd) : grad;
       a.buf1[j].mul_(f.momentum).add_(d, 1 - m);
       a.buf2[j].mul_(f.beta2).addcmul_(d, d, 1 - options_.beta2());
       at::sqrt_out(ws, a.buf2[j]).div_(f.bc2_sqrt).add_(f.eps);
-      if (options_.kind() == OptimizerKind::adamw && wd != 0) p.mul_(f.decay);
+      if (kind == OptimizerKind::adamw && wd != 0) p.mul_(f.decay);
       p.addcdiv_(a.buf1[j], ws, rate[i]);
     }
     a.step.add_(f.one);
@@ -200,6 +223,8 @@ void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf
       at::_fused_adamw_(params, grads, s.buf1, s.buf2, {}, steps, g.lr, g.momentum, options_.beta2(), g.weight_decay,
                         options_.eps(), /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
       break;
+    case OptimizerKind::rmsprop:
+      TORCH_INTERNAL_ASSERT(false, "RMSprop has no fused kernel (the constructor keeps it in place)");
   }
   if (inf) s.step.sub_(*inf);  // a skipped step does not count
 #else

@@ -32,6 +32,12 @@ double Schedule::base_lr(int64_t step) const {
 }
 
 GroupRates Schedule::rates(int64_t step, bool is_bias) const {
+  GroupRates r = warmed_up(step, is_bias);
+  r.lr /= 1 + o_.inverse_time_decay() * double(step);
+  return r;
+}
+
+GroupRates Schedule::warmed_up(int64_t step, bool is_bias) const {
   if (step >= o_.warmup_steps()) return {base_lr(step), o_.momentum()};
   const double t = double(step) / double(o_.warmup_steps());
   switch (o_.warmup()) {

@@ -163,11 +163,12 @@ struct TrainConfig {
   int nominal_batch = 64;           // images summed per optimizer step (accumulation)
   int epochs = 100;
   int64_t steps = 0;                // optimizer steps; > 0 overrides epochs (TF OD API num_steps)
-  std::string optimizer = "sgd";    // sgd | adam | adamw
+  std::string optimizer = "sgd";    // sgd | adam | adamw | rmsprop (TensorFlow's)
   double lr0 = 0.01;
   double lrf = 0.01;
-  double momentum = 0.937;          // SGD momentum, Adam beta1
-  double eps = 1e-8;                // Adam / AdamW epsilon (the TF OD API's Keras Adam: 1e-7)
+  double momentum = 0.937;          // SGD and RMSprop momentum, Adam beta1
+  double eps = 1e-8;                // Adam / AdamW / RMSprop epsilon (the TF OD API's Keras Adam: 1e-7)
+  double rho = 0.9;                 // RMSprop's squared-gradient average (Keras rho)
   bool nesterov = true;
   double weight_decay = 5e-4;       // scaled by batch * accumulate / nominal_batch, as Ultralytics
   std::string schedule = "linear";  // linear | cosine | manual | exponential
@@ -179,6 +180,7 @@ struct TrainConfig {
   double decay_factor = 0.95;       // exponential
   bool staircase = true;            // exponential: whole powers only
   double min_lr = 0;                // exponential: the floor
+  double inverse_time_decay = 0;    // every rate / (1 + this * step): Keras' legacy `decay`
   std::string warmup = "ultralytics";  // ultralytics | linear | constant
   int64_t warmup_steps = 0;         // > 0: warmup length in optimizer steps instead of warmup_epochs
   double warmup_lr = 0;             // linear / constant warmup: where the rate starts (constant: stays)

@@ -1,7 +1,7 @@
 // Optimizers over parameter groups: the fused ATen kernels (_fused_sgd_ / _fused_adam_ /
 // _fused_adamw_, CPU and CUDA) where this LibTorch has them, in-place per-tensor updates
-// otherwise. Both are atomic without staging a copy of the model: the fused kernels allocate
-// nothing, the in-place path allocates at most one workspace the size of the largest parameter (Adam; SGD none) before it
+// otherwise (and for RMSprop, which has no fused kernel). Both are atomic without staging a copy of the model: the fused kernels allocate
+// nothing, the in-place path allocates at most one workspace the size of the largest parameter (Adam, RMSprop; SGD none) before it
 // changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
 // fused path, which is what the loss scaler and the non-finite guard rely on.
 #pragma once
@@ -16,14 +16,19 @@
 
 namespace headroom::train {
 
-enum class OptimizerKind { sgd, adam, adamw };
+// rmsprop is TensorFlow's (tf.keras' legacy RMSprop, which the TF OD API's rms_prop_optimizer
+// builds): ms = rho ms + (1 - rho) g^2; with momentum, buf = momentum buf + lr g / sqrt(ms + eps)
+// and p -= buf (TF's ApplyRMSProp kernel); without, p -= lr g / (sqrt(ms) + eps). Its weight decay
+// is decoupled (p *= 1 - lr wd), as AdamW's; TF adds none.
+enum class OptimizerKind { sgd, adam, adamw, rmsprop };
 OptimizerKind optimizer_kind_from(const std::string& word);  // train.optimizer
 const char* to_string(OptimizerKind k);
 
 struct OptimizerOptions {
   TORCH_ARG(OptimizerKind, kind) = OptimizerKind::sgd;
-  TORCH_ARG(double, momentum) = 0.937;  // SGD momentum; Adam beta1
+  TORCH_ARG(double, momentum) = 0.937;  // SGD and RMSprop momentum; Adam beta1
   TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, rho) = 0.9;         // RMSprop: the squared gradients' moving-average factor
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(bool, nesterov) = true;
   TORCH_ARG(bool, fused) = true;        // use the fused kernels when available
@@ -62,7 +67,7 @@ class Optimizer {
 
  private:
   struct State {
-    std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq
+    std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq | RMSprop momentum, ms
     at::Tensor step;                     // float [] on the device: optimizer steps taken
   };
   // A group's parameters with a gradient this step, with their state.

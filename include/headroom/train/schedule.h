@@ -2,7 +2,8 @@
 // API's manual steps or exponential decay; with Ultralytics' warmup (the rate rises linearly from
 // 0, biases fall from warmup_bias_lr, momentum rises from warmup_momentum) or the OD API's (every
 // group's rate from warmup_lr: a linear ramp or a constant burn-in, the decay starting after it).
-// A pure function of the step, so a resumed run continues on the same curve.
+// Optionally divided by 1 + inverse_time_decay * step (Keras' legacy optimizers' `decay`). A pure
+// function of the step, so a resumed run continues on the same curve.
 #pragma once
 
 #include <torch/arg.h>
@@ -48,6 +49,9 @@ struct ScheduleOptions {
   TORCH_ARG(double, warmup_lr) = 0.0;      // linear / constant warmup
   TORCH_ARG(double, warmup_momentum) = 0.8;
   TORCH_ARG(double, warmup_bias_lr) = 0.1;
+  // Every rate divided by 1 + this * step: what tf.keras' legacy optimizers do with `decay`, and
+  // so what TF2's OD API does with rms_prop_optimizer's decay.
+  TORCH_ARG(double, inverse_time_decay) = 0.0;
 };
 
 struct GroupRates {
@@ -62,12 +66,13 @@ class Schedule {
   double base_lr(int64_t step) const;
   // The step the decay starts from: lr0 until then (hold_steps, after an OD API warmup).
   int64_t decay_start() const;
-  GroupRates rates(int64_t step, bool is_bias) const;
+  GroupRates rates(int64_t step, bool is_bias) const;  // with warmup and inverse_time_decay
   // Sets lr and momentum of every group for the step about to run.
   void apply(Optimizer& optimizer, int64_t step) const;
   const ScheduleOptions& options() const { return o_; }
 
  private:
+  GroupRates warmed_up(int64_t step, bool is_bias) const;  // base_lr with the warmup
   ScheduleOptions o_;
 };
 
