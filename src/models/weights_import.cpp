@@ -133,6 +133,15 @@ ModelSpec centernet_spec(const std::vector<std::pair<std::string, at::Tensor>>& 
   return s;
 }
 
+// xingyizhou/CenterNet's input, which its checkpoints do not record: images read by OpenCV (BGR),
+// (x / 255 - mean) / std with its data sets' mean [0.40789654, 0.44719302, 0.47026115] and std
+// [0.28863828, 0.27408164, 0.27809835] (BGR order; the TF OD API's hourglass channel_means and
+// channel_stds are the same numbers times 255).
+ModelSpec with_centernet_input(ModelSpec s) {
+  s.text += "input: {mean: [104.01361770, 114.03422010, 119.91659325], std: [73.60276140, 69.89081820, 70.91507925], bgr: true}\n";
+  return s;
+}
+
 std::string shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
 
 std::string first(const std::vector<std::string>& v, size_t n = 5) {
@@ -333,7 +342,7 @@ ImportedWeights read_imported_weights(const std::string& path, bool shapes_only)
     } else {
       w.naming = guess_naming(w.tensors);
     }
-    if (w.naming == Naming::centernet && !w.model) w.model = centernet_spec(w.tensors, path);
+    if (w.naming == Naming::centernet && !w.model) w.model = with_centernet_input(centernet_spec(w.tensors, path));
     return w;
   }
   if (!interop::looks_like_torch_file(path))
@@ -388,7 +397,7 @@ ImportedWeights read_imported_weights(const std::string& path, bool shapes_only)
     if (k.rfind("module.", 0) == 0) k = k.substr(7);  // DataParallel
   w.naming = guess_naming(w.tensors);
   w.source = w.naming == Naming::centernet ? "CenterNet state_dict" : "state_dict";
-  if (w.naming == Naming::centernet) w.model = centernet_spec(w.tensors, path);
+  if (w.naming == Naming::centernet) w.model = with_centernet_input(centernet_spec(w.tensors, path));
   return w;
 }
 
