@@ -16,7 +16,7 @@ namespace {
 class Yolov5Loss : public DetectionLoss {
  public:
   Yolov5Loss(const models::DetectorInfo& info, const LossOptions& o) : info_(info), o_(o) {
-    const at::Tensor a = info.anchors.to(at::kDouble).contiguous();
+    const at::Tensor a = info.anchors.to(at::kCPU).to(at::kDouble).contiguous();  // the model's buffer: on CUDA once moved
     anchors_.assign(a.data_ptr<double>(), a.data_ptr<double>() + a.numel());
   }
 
