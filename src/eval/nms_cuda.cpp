@@ -13,7 +13,7 @@ at::Tensor nms_keep_cuda(const at::Tensor& boxes_in, const at::Tensor& valid_in,
   const int64_t B = boxes.size(0), K = boxes.size(1);
   at::Tensor keep = at::zeros({B, K}, valid.options());
   at::Tensor removed = at::zeros({B, K}, valid.options().dtype(at::kByte));
-  launch_nms_greedy(boxes.data_ptr<float>(), valid.data_ptr<bool>(), B, K, float(iou), keep.data_ptr<bool>(),
+  launch_nms_greedy(boxes.data_ptr<float>(), valid.data_ptr<bool>(), B, K, iou, keep.data_ptr<bool>(),
                     removed.data_ptr<uint8_t>(), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return keep;

@@ -9,7 +9,7 @@ namespace headroom::eval {
 
 // One block per image walks its score-sorted candidates in order; the block's threads suppress
 // the rest of the list against each kept box in parallel. `removed` is [B, K] scratch, zeroed.
-void launch_nms_greedy(const float* boxes, const bool* valid, int64_t images, int64_t candidates, float iou, bool* keep,
+void launch_nms_greedy(const float* boxes, const bool* valid, int64_t images, int64_t candidates, double iou, bool* keep,
                        uint8_t* removed, cudaStream_t stream);
 
 }  // namespace headroom::eval
