@@ -5,6 +5,7 @@
 #include <set>
 
 #include "commands.h"
+#include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
@@ -142,6 +143,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
       if (c.device != "auto" && c.device != "cuda")
         throw InputError(c.where("device") + ": device " + c.device + " on " + std::to_string(world.world) + " processes: each rank "
                          "takes cuda:LOCAL_RANK; set device=cuda (or auto)");
+      const size_t gpus = query_cuda().devices.size();
+      if (size_t(world.local_rank) >= gpus)  // NCCL cannot put two ranks on one GPU
+        throw InputError("rank " + std::to_string(world.rank) + " takes cuda:" + std::to_string(world.local_rank) + ", but this machine has " +
+                         std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") + ": start at most " + std::to_string(gpus) +
+                         (gpus == 1 ? " process" : " processes") + " per machine (--nproc), or train on the CPU with device=cpu");
       device = c10::Device(c10::kCUDA, c10::DeviceIndex(world.local_rank));
     }
     memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
