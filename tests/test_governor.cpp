@@ -208,7 +208,7 @@ TEST(Governor, DecisionsAreSavedInCheckpointsAndResumeKeepsThem) {
   {
     train::Trainer t(parts_for(c, dir));
     memory::Governor* g = govern(t);
-    inject_at(t, 1, 150);
+    inject_at(t, 1, 20);  // early in the forward: how many allocations a step makes depends on the CPU's kernels
     t.train();
     ASSERT_EQ(g->micro_batch(t), 2);
     t.save_checkpoint(dir + "/last.pt");
@@ -639,10 +639,11 @@ TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
   std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(cuda);
   Config c = load_config("", tiny_run({"train.steps=4", "train.batch=32", "train.nominal_batch=32", "data.imgsz=128", "device=cuda"}));
   const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
-  // What a step of 32 needs, measured; then a budget that holds about a third of its activations.
+  // What a step of 32 needs, measured; then a budget that holds about a quarter of its
+  // activations. (12 images and 64 MiB of slack held all 32 on an H200: the step's 113 MiB fit.)
   const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
   const memory::ModeEstimate& m = e.configured();
-  const int64_t budget = monitor->sample().reserved + int64_t(m.fixed + m.per_image * 12) + (int64_t(64) << 20);
+  const int64_t budget = monitor->sample().reserved + int64_t(m.fixed + m.per_image * 8) + (int64_t(8) << 20);
   at::manual_seed(0);
   train::TrainerParts parts = train::make_trainer_parts(c, cuda, temp_dir("gov-cuda"), split, nullptr);
   parts.monitor = monitor;

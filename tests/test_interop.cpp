@@ -435,9 +435,10 @@ TEST(Interop, OnnxExportEqualsTheForwardAndOnnxRuntime) {
       const double scale = std::max(1.0, ours.abs().max().item<double>());
       // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order: fp32
       // rounding, grown by these fixtures' depth and by the box decode (x stride, YOLOv5's
-      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again.
+      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again, and so do
+      // another CPU's (yolov5v7_t: 1.16e-4 of the scale on the accelerator machine's host).
       const double to_forward = max_abs(got.at(out), ours), to_ort = max_abs(got.at(out), ort.at(out));
-      EXPECT_LT(to_forward, 1e-4 * scale) << name << " " << out;
+      EXPECT_LT(to_forward, 2e-4 * scale) << name << " " << out;
       EXPECT_LT(to_ort, 2e-4 * scale) << name << " " << out;
       std::printf("%s %s: ONNX graph vs forward %.3g, vs ONNX Runtime %.3g; ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(),
                   out.c_str(), to_forward, to_ort, max_abs(ort.at(out), ours), scale);
