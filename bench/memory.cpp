@@ -7,7 +7,7 @@
 // gradients, state and the update's own extra, in place and fused), and, only when asked for by
 // --only centernet_hg104_128 (10 minutes on 2 CPU cores) or centernet_hg104_512 (hours), the
 // estimator on Hourglass-104.
-//   bench_memory [--data DIR] [--only NAME] [--device cpu]
+//   bench_memory [--data DIR] [--only NAME] [--device cpu] [--set key=value ...]
 #include <CLI/CLI.hpp>
 
 #include <ATen/ATen.h>
@@ -80,6 +80,8 @@ void optimizer_phase(MemoryMonitor& m, c10::Device device) {
     j["bench"] = "memory";
     j["case"] = fused ? "optimizer_phase_hg104_adam_fused" : "optimizer_phase_hg104_adam_in_place";
     j["device"] = device.str();
+    j["amp"] = c.train.amp;
+    j["recompute"] = c.memory.activation_checkpointing;
     j["parameters"] = params;
     j["largest_parameter"] = largest;
     j["phase_peak"] = m.sample().peak_allocated;  // parameters + gradients + state + the update's extra
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_spec, "cpu | cuda | cuda:N");
   bool estimate_only = false;
   app.add_flag("--estimate-only", estimate_only, "Only the estimate and the measured peak at the batch: no automatic batch, no search");
+  std::vector<std::string> sets;  // e.g. train.amp=off, memory.activation_checkpointing=all: one precision or plan per run
+  app.add_option("--set", sets, "Config overrides (key=value) for every case after its own");
   CLI11_PARSE(app, argc, argv);
   set_intra_op_threads(AutoInt{});
   const c10::Device device = resolve_device(device_spec, query_cuda()).device;
@@ -126,10 +130,12 @@ int main(int argc, char** argv) {
   for (const Case& k : cases) {
     if (!only.empty() && k.name.find(only) == std::string::npos) continue;
     if (only.empty() && k.name.rfind("centernet_hg104", 0) == 0) continue;  // 10 min / hours on 2 cores: only when asked
-    Config c = load_config("", {"model.file=" + k.model, "data.dataset=" + data_yaml, "data.imgsz=" + std::to_string(k.imgsz),
-                                "train.batch=" + std::to_string(k.batch), "train.nominal_batch=64", "data.workers=1",
-                                "augment.mosaic=1.0", "augment.fliplr=0.5", "augment.hsv_s=0.7", "augment.scale=0.5",
-                                "augment.translate=0.1", "train.plots=false", "device=" + device.str()});
+    std::vector<std::string> overrides = {"model.file=" + k.model, "data.dataset=" + data_yaml, "data.imgsz=" + std::to_string(k.imgsz),
+                                          "train.batch=" + std::to_string(k.batch), "train.nominal_batch=64", "data.workers=1",
+                                          "augment.mosaic=1.0", "augment.fliplr=0.5", "augment.hsv_s=0.7", "augment.scale=0.5",
+                                          "augment.translate=0.1", "train.plots=false", "device=" + device.str()};
+    overrides.insert(overrides.end(), sets.begin(), sets.end());
+    Config c = load_config("", overrides);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     const int64_t budget = int64_t(k.budget_mib * 1048576.0);
     const auto t0 = std::chrono::steady_clock::now();
@@ -157,6 +163,8 @@ int main(int argc, char** argv) {
     j["bench"] = "memory";
     j["case"] = k.name;
     j["device"] = device.str();
+    j["amp"] = c.train.amp;
+    j["recompute"] = c.memory.activation_checkpointing;
     j["imgsz_max"] = e.imgsz;
     j["label_rows"] = e.max_boxes;
     j["batch"] = k.batch;

@@ -1,71 +1,191 @@
 #!/usr/bin/env bash
-# The one script for the accelerator machine (shared/DEVICE.md): build against the machine's
-# torch with the carried libraries, run the whole suite, the benchmarks, and print a table.
-# Everything lands under $OUT. It also runs here, on the CPU:
-#   PYTHON=build-cuda/venv/bin/python OUT=/tmp/out bash scripts/device/check.sh
+# The one script for the accelerator machine (shared/DEVICE.md). With .device-bin
+# (scripts/device/pack-build.sh: binaries built here against the same torch wheel) it runs them;
+# without, it first builds against the machine's torch with the carried .device-deps
+# (scripts/device/bundle-deps.sh), which costs minutes. Then, each under its own time limit so
+# that one stage cannot eat the others': the GPU tests, the 8 GiB Hourglass-104 proof, the
+# estimator on Hourglass-104 at 512, the TF OD API user's pipeline, a --nproc larger than the GPU
+# count, bench_augment and the rest of the suite in shards. Logs and JSON under $OUT, a short
+# table last. It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
+#   PYTHON=build-cuda/venv/bin/python OUT=/tmp/out QUICK=1 bash scripts/device/check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/headroom-device-out}
 PYTHON=${PYTHON:-python3}
-BUILD=${BUILD:-build-device}
+QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 t0=$(date +%s)
-status() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+elapsed() { echo $(( $(date +%s) - t0 )); }
+STAGES=" ${STAGES:-gpu hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
+want() { [[ $STAGES == *" $1 "* ]]; }
+DEADLINE=${DEADLINE:-540}  # seconds: the run's 600 less the transfers
+lim() { local left=$(( DEADLINE - $(elapsed) )); (( left < $1 )) && echo $left || echo $1; }  # a stage's limit
+status() { printf '%-24s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
+log=$OUT/stages.log  # every stage's output, in order (at most 8 files come back)
+: > "$log"
+stage() { echo "=== $1 ($(elapsed) s)" >> "$log"; }
 
-torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))') || { status torch "not importable with $PYTHON"; exit 1; }
-prefix="$torch_dir/share/cmake;$torch_dir"
-if [[ -d .device-deps/usr ]]; then
-  deps=$PWD/.device-deps/usr
-  prefix="$prefix;$deps"
-  export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "no nvidia-smi") > "$OUT/gpu.txt" 2>&1
-status gpu "$(tail -n +2 "$OUT/gpu.txt" | head -1)"
+torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null) ||
+  { status torch "not importable with $PYTHON"; exit 1; }
+site=$(dirname "$torch_dir")
+libs="$torch_dir/lib:$(ls -d "$site"/nvidia/*/lib "$site"/nvidia/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:/usr/local/cuda/lib"
+{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } > "$OUT/gpu.txt" 2>&1
+status gpu "$(head -1 "$OUT/gpu.txt")"
+# The binaries carry this checkout's path (HEADROOM_SOURCE_DIR: models/, the test fixtures).
+src_dir=$(strings -n 8 .device-bin/bin/trainer 2>/dev/null | grep -m1 -o '^/[^ ]*/main$' || true)
+[[ -n $src_dir && ! -e $src_dir ]] && mkdir -p "$(dirname "$src_dir")" && ln -s "$PWD" "$src_dir"
 
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
-     -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/configure.log" 2>&1; then
-  status configure ok
+if [[ -x .device-bin/bin/trainer ]]; then
+  B=.device-bin/bin
+  export LD_LIBRARY_PATH="$PWD/.device-bin/lib:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ! $B/trainer version > /dev/null 2>&1; then  # the machine's libstdc++ may be older than ours
+    export LD_LIBRARY_PATH="$PWD/.device-bin/libstdcxx:$LD_LIBRARY_PATH"
+  fi
+  # ... and the tests the trainer's path in that checkout's build folder
+  t_path=$(strings -n 8 .device-bin/bin/headroom_tests | grep -m1 -o '^/[^ ]*/trainer$' || true)
+  [[ -n $t_path && ! -e $t_path ]] && mkdir -p "$(dirname "$t_path")" && ln -s "$PWD/.device-bin/bin/trainer" "$t_path"
+  status build "carried ($(cat .device-bin/commit))"
 else
-  status configure "FAILED (configure.log)"; tail -30 "$OUT/configure.log"; exit 1
+  B=build-device
+  prefix="$torch_dir/share/cmake;$torch_dir;$PWD/.device-deps/usr"
+  export LD_LIBRARY_PATH="$PWD/.device-deps/usr/lib/x86_64-linux-gnu:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if cmake -S . -B $B -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
+       -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/build.log" 2>&1 &&
+     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment >> "$OUT/build.log" 2>&1; then
+    mv $B/tests/headroom_tests $B/headroom_tests
+    status build "ok ($(elapsed) s)"
+  else
+    status build "FAILED (build.log)"; grep -m 20 -A 5 'error' "$OUT/build.log"; exit 1
+  fi
 fi
-if ninja -C "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
-  status build "ok ($(( $(date +%s) - t0 )) s)"
-else
-  status build "FAILED (build.log)"; grep -m 20 -A 5 'error' "$OUT/build.log"; exit 1
-fi
-"$BUILD/trainer" version --json > "$OUT/version.json" 2>&1
+$B/trainer version --json > "$OUT/version.json" 2>&1
 status version "$(grep -o '"available": [a-z]*' "$OUT/version.json" | head -1)"
-ctest --test-dir "$BUILD" -j "$(nproc)" --output-on-failure > "$OUT/ctest.log" 2>&1
-status tests "$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-grep -E '\*\*\*Skipped|Skipped' "$OUT/ctest.log" | head -5 >> "$OUT/summary.txt"
-if "$BUILD/bench_loader" --out /tmp/headroom-bench-data --images 256 > "$OUT/bench_loader.jsonl" 2> "$OUT/bench_loader.err"; then
-  status bench_loader "$(wc -l < "$OUT/bench_loader.jsonl") lines"
-else
-  status bench_loader "FAILED (bench_loader.err)"
+cuda=$(grep -q '"available": true' "$OUT/version.json" && echo 1 || echo 0)
+dev=$([[ $cuda == 1 ]] && echo cuda || echo cpu)
+if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=600; size=512; steps=210; hg_size=512; fi
+
+# 1. The GPU tests: CUDA against the CPU (augmentation, NMS), the budget and OOM recovery on CUDA,
+#    pinned batches, and steps that never sync the host (sync-debug mode set to error).
+gpu_tests='Augment.CudaEqualsCpu:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.StepsOnCudaNeverSyncTheHost'
+if want gpu; then
+  stage "gpu tests"
+  timeout $(lim 100) $B/headroom_tests --gtest_filter="$gpu_tests" > /tmp/gpu_tests.log 2>&1
+  rc=$?
+  cat /tmp/gpu_tests.log >> "$log"
+  status "gpu tests" "rc=$rc; $(grep -E '^\[  (PASSED  |SKIPPED |FAILED  )\] [0-9]+ test' /tmp/gpu_tests.log | cut -c14- | tr '\n' ' ')"
+  crashed=$(grep '^\[ RUN      \]' /tmp/gpu_tests.log | tail -1 | awk '{print $4}')
+  if (( rc > 128 )) && command -v cuda-gdb > /dev/null; then  # a crash: where
+    stage "backtrace of $crashed"
+    timeout $(lim 90) cuda-gdb -q -batch -ex run -ex bt -ex 'info threads' --args $B/headroom_tests --gtest_filter="$crashed" >> "$log" 2>&1
+    status "  crashed in" "$crashed: $(grep -m3 -E '^#[0-9]+ ' "$log" | awk '{for (i = 1; i <= NF; i++) if ($i == "in") {print $(i + 1); break}}' | tr '\n' ' ')"
+  fi
 fi
-# augmentation on the GPU against per-image OpenCV on the machine's CPU threads
-if "$BUILD/bench_augment" --device cuda > "$OUT/bench_augment.jsonl" 2> "$OUT/bench_augment.err"; then
-  status bench_augment "$(wc -l < "$OUT/bench_augment.jsonl") lines"
-else
-  status bench_augment "FAILED (bench_augment.err)"
+
+# 2. Issue 15: the seed user's model and size under an 8 GiB budget, fp16, automatic micro-batch
+#    and recompute plan, 32 images per step, validation and checkpoints inside the run.
+syn=/tmp/headroom-synth$size
+if want hg104 || want pipeline || want nproc; then
+  $B/trainer data synth --out $syn --images $n_img --size $size --classes 1 --max-objects 20 > /dev/null 2>&1
 fi
-# memory: estimator vs measured peak, auto batch vs the true largest batch
-if "$BUILD/bench_memory" --device cuda --data /tmp/headroom-bench-memory > "$OUT/bench_memory.jsonl" 2> "$OUT/bench_memory.err"; then
-  status bench_memory "$(wc -l < "$OUT/bench_memory.jsonl") lines"
-else
-  status bench_memory "FAILED (bench_memory.err)"
+# the lines of a training log that say what happened, into the stages log
+keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-400 >> "$log"; }
+if want hg104; then
+  stage "hg104 governed"
+  hg_log=/tmp/train_hg104.log
+  timeout $(lim 210) $B/trainer train --config configs/centernet_hg104.yaml data.dataset=$syn/data.yaml data.imgsz=$hg_size device=$dev \
+    memory.budget=8GiB train.batch=auto train.nominal_batch=32 train.amp=$([[ $cuda == 1 ]] && echo fp16 || echo bf16) \
+    memory.activation_checkpointing=auto train.steps=$steps train.val_every_steps=$(( steps / 3 )) \
+    train.save_every_steps=$(( steps / 3 )) train.plots=false project=/tmp/headroom-runs name=hg104 exist_ok=true > "$hg_log" 2>&1
+  rc=$?
+  keep_lines "$hg_log"
+  status "hg104 8GiB fp16" "rc=$rc; $(grep -o 'train.batch auto: .*' "$hg_log" | head -1 | cut -c1-90)"
+  status "  epochs" "$(grep -c 'memory, epoch' "$hg_log"); governor decisions $(grep -c 'memory governor, step' "$hg_log"); $(grep -o '[0-9.]* img/s, data wait [0-9]*%' "$hg_log" | tail -1)"
+  status "  last memory line" "$(grep -o 'memory, epoch [0-9]*: .*' "$hg_log" | tail -1 | cut -c1-150)"
+  status "  max reserved" "$(grep -o 'allocated, [0-9.]* [KMG]iB reserved' "$hg_log" | awk '{print $2, $3}' | sort -h | tail -1) (budget 8 GiB)"
 fi
-# The seed user's case under an 8 GiB budget: HG104 at 512 and yolov8s at 640 on synthetic data,
-# the estimate table, then a governed run with the automatic batch, AMP and planned checkpointing.
-"$BUILD/trainer" data synth --out /tmp/headroom-synth640 --images 600 --size 640 --max-objects 20 > /dev/null 2>&1
-for cfg in centernet_hg104 yolov8s; do
-  over="data.dataset=/tmp/headroom-synth640/data.yaml device=cuda memory.budget=8GiB"
-  timeout 120 "$BUILD/trainer" memory --config configs/$cfg.yaml $over > "$OUT/memory_$cfg.txt" 2>&1
-  timeout 240 "$BUILD/trainer" train --config configs/$cfg.yaml $over train.batch=auto train.amp=auto \
-    memory.activation_checkpointing=auto train.steps=300 train.val_every=0 train.plots=false \
-    project=/tmp/headroom-runs name=$cfg exist_ok=true > "$OUT/train_$cfg.log" 2>&1
-  status "governed $cfg" "rc=$? $(grep -o 'train.batch auto: [0-9]*' "$OUT/train_$cfg.log" | head -1); $(grep -c 'memory governor' "$OUT/train_$cfg.log") decisions; $(grep -o 'memory, epoch [0-9]*: peak [^;]*' "$OUT/train_$cfg.log" | tail -1)"
-done
-status total "$(( $(date +%s) - t0 )) s"
-cat "$OUT/bench_loader.jsonl" "$OUT/bench_augment.jsonl" "$OUT/bench_memory.jsonl"
+
+# 3. The estimator on Hourglass-104 at 512 against the measured peak at 7 images: fp32, bf16, bf16 + every stage recomputed.
+if want estimate && [[ $QUICK != 1 ]]; then
+  for mode in "train.amp=off" "train.amp=bf16" "train.amp=bf16 memory.activation_checkpointing=all"; do
+    stage "bench_memory $mode"
+    sets=(); for kv in $mode; do sets+=(--set "$kv"); done
+    timeout $(lim 50) $B/bench_memory --device $dev --data /tmp/headroom-bench-memory --only centernet_hg104_512 --estimate-only "${sets[@]}" \
+      >> "$OUT/bench_memory.jsonl" 2>> "$log"
+    status "  estimate $mode" "rc=$? $(tail -1 "$OUT/bench_memory.jsonl" | grep -o '"error": *[-0-9.e]*')"
+  done
+fi
+
+# 4. Issue 14: the TF OD API user's pipeline.config as it is (Hourglass-104, 512, batch 2, their
+#    seven augmentations), from scratch on a one-class TFRecord set, with the GPU's utilisation.
+if want pipeline; then
+  pl=/tmp/headroom-pipeline
+  rm -rf $pl && mkdir -p $pl && cp tests/fixtures/tfod/pipeline.config $pl/
+  $B/trainer data convert --from $syn/data.yaml --to tfrecord --out $pl/annotations > /dev/null 2>&1 && mv $pl/annotations/val.record $pl/annotations/test.record
+  stage "pipeline"
+  [[ $cuda == 1 ]] && { nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/pipeline_gpu_util.csv" 2>&1 & util_pid=$!; }
+  (cd $pl && timeout $(lim 70) "$OLDPWD/$B/trainer" train --config pipeline.config device=$dev "model.init_from=''" train.steps=$(( steps / 2 )) \
+    train.val_every_steps=0 train.plots=false project=/tmp/headroom-runs name=pipeline exist_ok=true) > /tmp/train_pipeline.log 2>&1
+  rc=$?
+  [[ $cuda == 1 ]] && kill $util_pid 2>/dev/null
+  keep_lines /tmp/train_pipeline.log
+  status "tfod pipeline" "rc=$rc; $(grep -o 'done: [0-9]* steps in [0-9:]* ([0-9.]* img/s, data wait [0-9]*%)' /tmp/train_pipeline.log | tail -1)"
+  [[ -s $OUT/pipeline_gpu_util.csv ]] &&
+    status "  gpu utilisation" "$(awk -F', ' '{s+=$1; n++; if ($2>m) m=$2} END {if (n) printf "mean %.0f%% over %d samples, memory used up to %d MiB", s/n, n, m}' "$OUT/pipeline_gpu_util.csv")"
+fi
+
+# 5. More processes than GPUs: NCCL cannot put two ranks on one GPU; the run must say so.
+if want nproc && [[ $cuda == 1 ]]; then
+  stage "nproc 2"
+  timeout $(lim 30) $B/trainer train --nproc 2 --config configs/demo.yaml data.dataset=$syn/data.yaml device=cuda train.steps=2 \
+    project=/tmp/headroom-runs name=nproc exist_ok=true >> "$log" 2>&1
+  status "nproc 2 on 1 GPU" "rc=$? $(grep -o 'rank 1 takes cuda:1.*' "$log" | head -1 | cut -c1-80)"
+fi
+
+# 6. The short demo of Train.DemoConfigLearnsTheShapes (AP50 0.118-0.122 after 200 steps on the
+#    CPU) on this device, in each precision (DEMO_RUNS: override sets, separated by ';').
+if want demo; then
+  $B/trainer data synth --out /tmp/headroom-demo-data --images 400 --size 160 --seed 3 > /dev/null 2>&1
+  IFS=';' read -ra demo_runs <<< "${DEMO_RUNS:-train.amp=fp16;train.amp=off;train.amp=bf16}"
+  for i in "${!demo_runs[@]}"; do
+    sets=${demo_runs[$i]}
+    stage "demo $sets"
+    # shellcheck disable=SC2086 # one word per override
+    timeout $(lim 60) $B/trainer train --config configs/demo.yaml data.dataset=/tmp/headroom-demo-data/data.yaml device=$dev \
+      train.epochs=10 train.val_every=10 train.warmup_epochs=0 threads=1 data.workers=1 train.plots=false $sets \
+      project=/tmp/headroom-runs name=demo_$i exist_ok=true > /tmp/demo_$i.log 2>&1
+    rc=$?
+    keep_lines /tmp/demo_$i.log
+    status "demo $sets" "rc=$rc; $(grep -o 'box [0-9.]* cls [0-9.]* dfl [0-9.]*, val AP50-95 [0-9.]* AP50 [0-9.]*; [0-9]* skipped steps' /tmp/demo_$i.log | tail -1)"
+  done
+fi
+
+# 7. Augmentation on the GPU against per-image OpenCV on this machine's cores.
+if want augment && [[ $QUICK != 1 ]]; then
+  timeout $(lim 30) $B/bench_augment --device $dev > "$OUT/bench_augment.jsonl" 2>> "$log"
+  status bench_augment "rc=$? $(wc -l < "$OUT/bench_augment.jsonl") lines"
+fi
+
+# 8. Named tests with their whole output (TESTS, a gtest filter).
+if want tests && [[ -n ${TESTS:-} ]]; then
+  stage "tests $TESTS"
+  timeout $(lim 200) $B/headroom_tests --gtest_filter="$TESTS" >> "$log" 2>&1
+  status tests "rc=$?; failed: $(grep '^\[  FAILED  \] [A-Z].*\.' "$log" | grep -v listed | awk '{print $4}' | sort -u | tr '\n' ' ')"
+fi
+
+# 9. The rest of the suite on this machine, in shards over its cores, in what time is left.
+left=$(lim 300)
+if want suite && (( left > 30 )) && [[ $QUICK != 1 ]]; then
+  stage "suite"
+  shards=$(nproc)
+  for i in $(seq 0 $(( shards - 1 ))); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout $left $B/headroom_tests --gtest_filter="-$gpu_tests" > /tmp/shard$i.log 2>&1 &
+  done
+  wait
+  cat /tmp/shard*.log | grep -E '^\[  FAILED  \]|^\[  PASSED  \]|tests? ran' > "$OUT/suite.txt"
+  status suite "$(grep -c '^\[  PASSED  \]' "$OUT/suite.txt")/$shards shards passed; failed: $(grep '^\[  FAILED  \].*\.' "$OUT/suite.txt" | grep -v listed | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  # each failed test's own output
+  for f in /tmp/shard*.log; do awk '/^\[ RUN      \]/{buf=""} {buf=buf $0 "\n"} /^\[  FAILED  \] [A-Za-z]+\.[A-Za-z]+ \(/{printf "%s", buf}' "$f"; done | cut -c1-400 >> "$log"
+fi
+status total "$(elapsed) s"
+cat "$OUT/bench_memory.jsonl" 2>/dev/null | cut -c1-600
