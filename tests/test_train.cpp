@@ -472,7 +472,7 @@ TEST(Train, AnImageThatDisappearsMidRunIsSkippedOrNamed) {
 }
 
 // A shorter `make demo`: the demo config (its augmentations included) on half the synthetic set
-// for the same 10 epochs, 200 steps, learns the shapes: AP50 0.118 on LibTorch 1.13 and 0.122 on
+// for the same 10 epochs, 200 steps, learns the shapes: AP50 0.077 on LibTorch 1.13 and 0.098 on
 // 2.11 (deterministic per build on the CPU, which the test pins: on an H200 the same 200 steps
 // scored 0.017-0.121 over seeds and precisions), where an untrained model scores 0.000 and the full demo 0.72.
 // The progress line's memory and the governor's agree: both are the step's peak from the run's

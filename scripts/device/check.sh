@@ -142,7 +142,7 @@ if want nproc && [[ $cuda == 1 ]]; then
   status "nproc 2 on 1 GPU" "rc=$? $(grep -o 'rank 1 takes cuda:1.*' "$log" | head -1 | cut -c1-80)"
 fi
 
-# 6. The short demo of Train.DemoConfigLearnsTheShapes (AP50 0.118-0.122 after 200 steps on the
+# 6. The short demo of Train.DemoConfigLearnsTheShapes (AP50 0.077-0.098 after 200 steps on the
 #    CPU) on this device, in each precision (DEMO_RUNS: override sets, separated by ';').
 if want demo; then
   $B/trainer data synth --out /tmp/headroom-demo-data --images 400 --size 160 --seed 3 > /dev/null 2>&1
