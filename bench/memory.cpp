@@ -80,8 +80,6 @@ void optimizer_phase(MemoryMonitor& m, c10::Device device) {
     j["bench"] = "memory";
     j["case"] = fused ? "optimizer_phase_hg104_adam_fused" : "optimizer_phase_hg104_adam_in_place";
     j["device"] = device.str();
-    j["amp"] = c.train.amp;
-    j["recompute"] = c.memory.activation_checkpointing;
     j["parameters"] = params;
     j["largest_parameter"] = largest;
     j["phase_peak"] = m.sample().peak_allocated;  // parameters + gradients + state + the update's extra
@@ -183,6 +181,7 @@ int main(int argc, char** argv) {
     j["true_largest"] = largest;
     j["true_largest_peaks"] = std::move(tried);
     j["estimate_seconds"] = estimate_s;
+    j["estimate"] = memory::memory_estimate_json(e);  // the table's parts: what an error comes from
     j["auto_batch_seconds"] = auto_s;
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);

@@ -2,9 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include <fstream>
+#include <string>
+
 #include "headroom/core/torch_compat.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/models/detector.h"
+#include "headroom/train/amp.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -82,4 +86,25 @@ TEST(TorchCompat, VersionGate) {
   EXPECT_TRUE(HEADROOM_TORCH_AT_LEAST(1, 13));
   EXPECT_FALSE(HEADROOM_TORCH_AT_LEAST(99, 0));
   EXPECT_EQ(HEADROOM_TORCH_AT_LEAST(2, 4), TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 4));
+}
+
+// bf16 on a CPU without native support is emulated and many times slower than fp32: the run and
+// the governor's AMP rung say so. The kernel's own flags are the reference for the CPU check.
+TEST(Amp, Bf16OnACpuWithoutNativeSupportIsNamedAsSlow) {
+#if defined(__x86_64__)
+  std::ifstream info("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(info, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line + " ";
+      break;
+    }
+  ASSERT_FALSE(flags.empty());
+  const bool native = flags.find(" avx512_bf16 ") != std::string::npos || flags.find(" amx_bf16 ") != std::string::npos;
+  EXPECT_EQ(train::cpu_has_native_bf16(), native) << flags;
+#endif
+  const std::string note = train::bf16_cost_note(train::AmpMode::bf16, c10::Device(c10::kCPU));
+  EXPECT_EQ(note.empty(), train::cpu_has_native_bf16()) << note;
+  EXPECT_EQ(train::bf16_cost_note(train::AmpMode::off, c10::Device(c10::kCPU)), "");
+  EXPECT_EQ(train::bf16_cost_note(train::AmpMode::bf16, c10::Device(c10::kCUDA, 0)), "");
 }

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <map>
 
-#include "headroom/core/checksum.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/record_file.h"

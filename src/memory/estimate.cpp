@@ -96,7 +96,9 @@ class Prober {
     double seconds = 0;
   };
 
-  Result step(int64_t b) {
+  // `gradients_held`: every gradient is allocated before the step, as in the second and later
+  // micro-batches of an accumulating step (the first makes them during its backward).
+  Result step(int64_t b, bool gradients_held = false) {
     Result r;
     const data::HostBatch batch = synthetic_batch(b);
     int64_t fb_peak = 0;  // input, forward, loss, backward
@@ -135,9 +137,10 @@ class Prober {
       }
     };
     monitor_.release_cache();
-    monitor_.reset_peak();
     const auto t0 = std::chrono::steady_clock::now();
     try {
+      if (gradients_held) hold_gradients();
+      monitor_.reset_peak();
       const train::StepInput in = trainer_->prepare_step({batch});
       trainer_->forward_backward(in, 0, 0, b);
       trainer_->update();
@@ -174,6 +177,11 @@ class Prober {
   }
 
   train::Trainer& trainer() { return *trainer_; }
+  void hold_gradients() {
+    at::NoGradGuard no_grad;
+    for (auto& param : trainer_->model().parameters())
+      if (param.requires_grad() && !param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+  }
   int64_t size() const { return size_; }
   int64_t min_size() const { return min_size_; }
   int64_t rows() const { return rows_; }
@@ -278,6 +286,13 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
     if (m.seconds_per_batch_image <= 0 || m.seconds_fixed < 0)  // timing noise: no fixed part
       m.seconds_fixed = 0, m.seconds_per_batch_image = fb2 / double(b2);
     m.update_seconds = std::min(r1.update_seconds, r2.update_seconds);
+    // The larger size once more as a later micro-batch of an accumulating step runs: with every
+    // gradient allocated from the start. Its peak is above the first's by the gradients the
+    // first had not made yet at its own peak: all of them when that sits at the forward's end,
+    // few when it sits late in the backward (recompute, small batches).
+    const double gradients = double(static_memory(p.trainer()).gradients);
+    const Prober::Result held = p.step(b2, true);
+    m.held_gradients = held.fits ? std::clamp(double(held.step_peak - r2.step_peak), 0.0, gradients) : gradients;
   } else if (r1.fits) {  // only the smaller probe fits: attribute everything above the static memory to its images
     const double fixed = double(static_memory(p.trainer()).total());
     m.fixed = fixed;
@@ -286,6 +301,7 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
     m.seconds_per_image = r1.seconds / double(b1);
     m.seconds_per_batch_image = (r1.seconds - r1.update_seconds) / double(b1);
     m.update_seconds = r1.update_seconds;
+    m.held_gradients = double(static_memory(p.trainer()).gradients);
     for (size_t i = 0; i < p.stages().size(); ++i)
       m.stages.push_back(StageBytes{p.stages()[i].name, r1.stage_bytes[i] / double(b1), r1.stage_seconds[i] / double(b1)});
   } else {
@@ -342,9 +358,15 @@ int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double 
   // slowly; at large batches it is the forward's end, which grows by every image's activations.
   // Each line is fitted on its own and the larger taken (Hourglass-104 at 128 px: the step line
   // alone said 74 images fit 5 GiB; 25 do).
-  const double phase = std::max(m.fixed + m.per_image * double(b), m.forward_fixed + m.forward_per_image * double(b));
-  const double step = phase + (step_images(b) > b ? double(fixed.gradients) : 0.0) +
-                      double(step_inputs(b)) - savings;
+  // A step of several micro-batches: the later ones start with every gradient allocated, which
+  // lifts the backward line by what the probe measured (not by all the gradients: the first
+  // micro-batch's backward peak already holds those it has made; adding them all erred +12% on
+  // Hourglass-104 at 128 px) and the forward's end by all of them.
+  const bool accumulating = step_images(b) > b;
+  const double held = accumulating ? m.held_gradients : 0.0;
+  const double phase = std::max(m.fixed + m.per_image * double(b) + held,
+                                m.forward_fixed + m.forward_per_image * double(b) + (accumulating ? double(fixed.gradients) : 0.0));
+  const double step = phase + double(step_inputs(b)) - savings;
   return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
 }
 
@@ -444,6 +466,8 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
     s += fmt::format("    {:<38}{:>12}  (parameters + gradients + state + EMA {} + update workspace {})\n",
                      "optimizer step + EMA update peak", b(m.update_peak), b(double(e.fixed.total())),
                      b(double(e.update_workspace)));
+    if (e.accumulate(e.batch) > 1 || e.step_batch > e.batch)
+      s += fmt::format("    {:<38}{:>12}\n", "later micro-batches' held gradients", b(m.held_gradients));
     if (m.allocator_overhead > 0) s += fmt::format("    {:<38}{:>12}\n", "allocator overhead (reserved - used)", b(double(m.allocator_overhead)));
     s += fmt::format("    {:<38}{:>12}\n", fmt::format("total at batch {}", e.batch), b(double(e.predicted_peak(m, e.batch))));
     if (e.budget > 0)
@@ -496,6 +520,7 @@ Json memory_estimate_json(const MemoryEstimate& e) {
     mj["forward_per_image"] = m.forward_per_image;
     mj["workspace_fixed"] = m.workspace_fixed;
     mj["workspace_per_image"] = m.workspace_per_image;
+    mj["held_gradients"] = m.held_gradients;
     mj["allocator_overhead"] = m.allocator_overhead;
     mj["total_at_batch"] = e.predicted_peak(m, e.batch);
     if (e.budget > 0) mj["largest_batch"] = e.largest_batch(m);
@@ -569,11 +594,11 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
       p.trainer().model().set_recomputed_stages(a.planner->plan(a.estimate.imgsz, b).recomputed);
     else
       p.trainer().model().set_recompute(configured_ck);
-    const Prober::Result r = p.step(b);
-    // A step of several micro-batches keeps the earlier ones' gradients and its other images' inputs.
-    const int64_t held = a.estimate.step_images(b) > b ? a.estimate.fixed.gradients : 0;
+    // A step of several micro-batches: its later ones run with the earlier ones' gradients
+    // allocated, and its other images' inputs held.
+    const Prober::Result r = p.step(b, a.estimate.step_images(b) > b);
     const int64_t total =
-        r.fits ? std::max(r.step_peak + held + a.estimate.step_inputs(b), r.update_peak) + a.estimate.input_buffers(b) : -1;
+        r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.input_buffers(b) : -1;
     a.tried.emplace_back(b, total);
     return r.fits && total <= usable;
   };

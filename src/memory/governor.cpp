@@ -309,7 +309,8 @@ void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure k
     return;
   }
   if (o_.allow_amp() && t.enable_amp()) {
-    record(t, std::string("amp ") + to_string(t.amp()), cause + " " + floor + " with every stage recomputed");
+    const std::string note = train::bf16_cost_note(t.amp(), t.device());
+    record(t, std::string("amp ") + to_string(t.amp()), cause + " " + floor + " with every stage recomputed" + (note.empty() ? "" : "; " + note));
     return;
   }
   give_up(t, what, "nothing left to give up: micro-batch " + std::to_string(m) + ", every stage recomputed, amp " +

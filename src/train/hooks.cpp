@@ -159,6 +159,7 @@ class LogHook : public Hook {
                  t.steps_per_epoch(), t.epochs(), t.total_steps(),
                  to_string(o.optimizer().kind()), o.schedule().lr0(), to_string(o.schedule().kind()), to_string(t.amp()),
                  t.ema() ? "on" : "off");
+    if (const std::string note = bf16_cost_note(t.amp(), t.device()); !note.empty()) spdlog::warn("{}", note);
     epoch_start_ = std::chrono::steady_clock::now();
     epoch_first_step_ = t.state().step;
     epoch_first_images_ = t.state().images;

@@ -42,6 +42,9 @@ struct ModeEstimate {
   // The forward's end plus the loss workspace, fitted on its own: where the peak sits at large
   // batches (predicted_peak takes the larger line).
   double forward_fixed = 0, forward_per_image = 0;
+  // What a later micro-batch of an accumulating step, which starts with every gradient
+  // allocated, peaks above the first (measured at the larger probe; at most the gradients).
+  double held_gradients = 0;
   int64_t allocator_overhead = 0;  // reserved - allocated at the larger probe (CUDA caching)
   std::vector<StageBytes> stages;
   double seconds_per_image = 0;    // step time at the larger probe, per image
@@ -87,9 +90,9 @@ struct MemoryEstimate {
   // The step's other loader batches, augmented on the device and held while one runs: a step
   // counts its loss normalisers over all of them before the first backward.
   int64_t step_inputs(int64_t batch) const;
-  // The peak of a training step at `batch`: the larger phase, plus the gradients the earlier
-  // micro-batches of an accumulating step keep and its other batches' inputs, the input buffers
-  // and the allocator's overhead.
+  // The peak of a training step at `batch`: the larger phase (in an accumulating step, also a
+  // later micro-batch's forward on top of the earlier ones' gradients), plus the step's other
+  // batches' inputs, the input buffers and the allocator's overhead.
   // `savings`: activation bytes a checkpoint plan frees from the forward/backward phase.
   int64_t predicted_peak(const ModeEstimate& m, int64_t batch, double savings = 0) const;
   int64_t predicted_peak(int64_t batch) const { return predicted_peak(configured(), batch); }
