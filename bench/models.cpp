@@ -1,5 +1,5 @@
 // bench_models: per model and size, the forward time (inference) and the training step
-// (forward + backward) time and memory on the CPU, measured with the counting allocator:
+// (forward + backward) time and memory on the CPU, measured with the CPU allocator:
 // parameters + gradients (the baseline) and the activation peak above it, for each
 // recompute mode asked for (activation checkpointing). One JSON line per measurement.
 //   bench_models [--only NAME] [--repeat 2]
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", repeat, "Timed repetitions (the best is reported)");
   CLI11_PARSE(app, argc, argv);
   set_intra_op_threads(AutoInt{});
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
 
   const std::string dir = std::string(HEADROOM_SOURCE_DIR) + "/models/";
   const std::vector<RecomputeMode> off = {RecomputeMode::off};

@@ -285,7 +285,7 @@ TEST(DistributedWorker, TrainsAsItsRank) {
     void before_step(train::Trainer& t) override {
       if (t.rank() == 1 && t.state().step == 1 && !done_) {
         done_ = true;
-        memory::CountingCpuAllocator::install().inject_oom_after(150);
+        memory::CachingCpuAllocator::install().inject_oom_after(150);
       }
     }
     bool done_ = false;

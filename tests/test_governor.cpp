@@ -45,7 +45,7 @@ class AtPhase : public train::Hook {
 // Strikes an out-of-memory error `after` allocations into the forward of step `step`.
 void inject_at(train::Trainer& t, int64_t step, int64_t after, bool every = false) {
   t.register_hook(std::make_unique<AtPhase>(step, train::StepPhase::input, every,
-                                            [after] { memory::CountingCpuAllocator::install().inject_oom_after(after); }));
+                                            [after] { memory::CachingCpuAllocator::install().inject_oom_after(after); }));
 }
 
 // Calls `fire` after every step.
@@ -241,7 +241,7 @@ TEST(Governor, ValidationOutOfMemoryHalvesTheValidationBatchWithTheSameResult) {
   memory::Governor* g = govern(t);
   const auto clean = t.validate();
   ASSERT_TRUE(clean);
-  memory::CountingCpuAllocator::install().inject_oom_after(300);
+  memory::CachingCpuAllocator::install().inject_oom_after(300);
   const auto governed = t.validate();
   ASSERT_TRUE(governed);
   ASSERT_EQ(g->decisions().size(), 1u);
@@ -256,12 +256,12 @@ TEST(Governor, AValidationOomWithoutEmaLeavesTheTrainingModelTraining) {
   train::Trainer t(parts_for(c, temp_dir("gov-val-noema")));
   govern(t);
   ASSERT_TRUE(t.model().is_training());
-  memory::CountingCpuAllocator::install().inject_oom_after(300);
+  memory::CachingCpuAllocator::install().inject_oom_after(300);
   ASSERT_TRUE(t.validate());
   EXPECT_TRUE(t.model().is_training());
   // ... also when nothing recovers it.
   train::Trainer bare(parts_for(c, temp_dir("gov-val-bare")));
-  memory::CountingCpuAllocator::install().inject_oom_after(300);
+  memory::CachingCpuAllocator::install().inject_oom_after(300);
   EXPECT_THROW(bare.validate(), Error);
   EXPECT_TRUE(bare.model().is_training());
 }
@@ -273,7 +273,7 @@ TEST(Governor, AnOomInTheLoadersThreadIsRecovered) {
   train::Trainer t(parts_for(c, temp_dir("gov-loader")));
   memory::Governor* g = govern(t);
   t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::update, false, [] {
-    memory::CountingCpuAllocator::install().inject_oom_after(1, /*other_threads=*/true);
+    memory::CachingCpuAllocator::install().inject_oom_after(1, /*other_threads=*/true);
   }));
   t.train();
   EXPECT_EQ(t.state().step, 4);
@@ -424,7 +424,7 @@ TEST(AutoBatch, TheVerifiedPeakIsTheRealAccumulatingStepsPeak) {
                                                 "data.imgsz=64", "data.prefetch=1", "memory.activation_checkpointing=all", "model.scale=n"}, "centernet_csp.yaml"));
   const auto split = std::make_shared<const data::Split>(data::load_split(base, "train"));
   const memory::MemoryEstimate e = memory::estimate_memory(base, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
-  const int64_t budget = int64_t(double(e.predicted_peak(3)) / 0.9) + monitor->sample().allocated;
+  const int64_t budget = int64_t(double(e.predicted_peak(2)) / 0.9) + monitor->sample().allocated;
   const memory::AutoBatch a = memory::choose_batch(base, split, *monitor, budget);
   ASSERT_LT(a.batch, a.step_batch) << "the test needs an accumulating step";
   int64_t verified = -1;
@@ -529,17 +529,26 @@ TEST(Memory, BudgetAndAllocatorKeysParseAndRoundTrip) {
   EXPECT_GT(memory::resolve_budget(MemoryBudgetSpec{}, *monitor), 0);
 }
 
-TEST(Memory, TheCpuMonitorReadsTheCountingAllocator) {
+// Allocated is what the tensors hold; reserved adds the blocks the allocator caches, which
+// release_cache returns.
+TEST(Memory, TheCpuMonitorReadsTheCachingAllocator) {
   auto monitor = cpu_monitor();
+  monitor->release_cache();
   const MemoryStats before = monitor->sample();
+  EXPECT_EQ(before.reserved, before.active);
   monitor->reset_peak();
   {
     const at::Tensor t = at::empty({1 << 18}, at::kFloat);
     EXPECT_EQ(monitor->sample().allocated, before.allocated + (1 << 20));
+    EXPECT_GE(monitor->sample().active, before.active + (1 << 20));
   }
   EXPECT_EQ(monitor->sample().peak_allocated, before.allocated + (1 << 20));
-  EXPECT_EQ(monitor->sample().fragmentation(), 0);
-  monitor->set_limit(before.allocated + 1024);
+  EXPECT_EQ(monitor->sample().allocated, before.allocated);
+  EXPECT_GE(monitor->sample().reserved, before.reserved + (1 << 20));  // the block is cached
+  EXPECT_GT(monitor->sample().fragmentation(), 0);
+  monitor->release_cache();
+  EXPECT_EQ(monitor->sample().reserved, before.reserved);
+  monitor->set_limit(before.reserved + 1024);
   EXPECT_THROW(at::empty({1 << 18}, at::kFloat), c10::OutOfMemoryError);
   monitor->set_limit(0);
   EXPECT_EQ(monitor->sample().ooms, before.ooms + 1);

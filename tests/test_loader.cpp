@@ -193,7 +193,7 @@ TEST(Loader, AnOutOfMemoryErrorInADecodeThreadReachesTheConsumerAndTheBatchComes
   const auto split = train_split();
   Loader clean(split, opts(1));
   const auto expected = epoch(clean, 0);
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
   Loader l(split, opts(1));
   for (int64_t first : {1, 2}) {  // the batch's buffer, then its box tensors
     alloc.inject_oom_after(first, /*other_threads=*/true);

@@ -123,7 +123,7 @@ TEST(Assigner, KnownLayouts) {
 }
 
 TEST(Assigner, ThousandsOfBoxesInBoundedMemory) {
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
   const int64_t B = 1, A = 8400, C = 2, N = 3000;  // a 640-px image crowded with boxes
   const at::Tensor anchors = at::rand({A, 2}) * 640, pd = at::cat({at::rand({B, A, 2}) * 600, at::rand({B, A, 2}) * 600 + 640}, -1);
   const at::Tensor gt = at::cat({at::rand({B, N, 2}) * 600, at::rand({B, N, 2}) * 40 + 600}, -1);

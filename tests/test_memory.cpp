@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "headroom/core/device.h"
 #include "headroom/core/torch_compat.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/models/detector.h"
@@ -14,8 +15,9 @@
 using namespace headroom;
 
 TEST(CpuAllocator, CountsCurrentAndPeakBytes) {
-  auto& a = memory::CountingCpuAllocator::install();
-  EXPECT_EQ(&a, &memory::CountingCpuAllocator::install());
+  auto& a = memory::CachingCpuAllocator::install();
+  EXPECT_EQ(&a, &memory::CachingCpuAllocator::install());
+  a.release_cache();
   const int64_t base = a.current();
   a.reset_peak();
   {
@@ -23,27 +25,111 @@ TEST(CpuAllocator, CountsCurrentAndPeakBytes) {
     EXPECT_EQ(a.current(), base + 4000);
     const at::Tensor u = at::empty({250}, at::kDouble);
     EXPECT_EQ(a.current(), base + 6000);
+    const at::Tensor large = at::empty({1 << 20}, at::kFloat);  // a mapping of its own
+    EXPECT_EQ(a.current(), base + 6000 + (4 << 20));
   }
   EXPECT_EQ(a.current(), base);
-  EXPECT_EQ(a.peak(), base + 6000);
+  EXPECT_EQ(a.peak(), base + 6000 + (4 << 20));
   a.reset_peak();
   EXPECT_EQ(a.peak(), base);
 }
 
 TEST(CpuAllocator, ABudgetThrowsTheOutOfMemoryErrorCudaThrows) {
-  auto& a = memory::CountingCpuAllocator::install();
-  const int64_t base = a.current(), ooms = a.ooms();
+  auto& a = memory::CachingCpuAllocator::install();
+  a.release_cache();
+  const int64_t base = a.stats().reserved(), ooms = a.ooms();
   a.set_limit(base + (1 << 20));
   EXPECT_THROW(at::empty({1 << 20}, at::kFloat), c10::OutOfMemoryError);
-  EXPECT_EQ(a.current(), base);
+  EXPECT_EQ(a.stats().reserved(), base);
   EXPECT_EQ(a.ooms(), ooms + 1);
   EXPECT_NO_THROW(at::empty({1 << 10}, at::kFloat));
   a.set_limit(0);
   EXPECT_NO_THROW(at::empty({1 << 20}, at::kFloat));
+  a.release_cache();
+}
+
+// A step's large tensors come back as the next step's: the freed block is kept and handed out
+// again (the same pages, no fresh mapping to fault in), also to a request up to an eighth
+// smaller; a request smaller still maps a block of its own rather than take one a later large
+// tensor will want.
+TEST(CpuAllocator, FreedBlocksAreReusedAndCountedAsReserved) {
+  auto& a = memory::CachingCpuAllocator::install();
+  a.release_cache();
+  const memory::CpuAllocatorStats before = a.stats();
+  void* first = nullptr;
+  {
+    const at::Tensor t = at::ones({4 << 20}, at::kFloat);  // 16 MiB
+    first = t.data_ptr();
+  }
+  const memory::CpuAllocatorStats freed = a.stats();
+  EXPECT_EQ(freed.allocated, before.allocated);
+  EXPECT_GE(freed.cached, int64_t(16) << 20);
+  EXPECT_EQ(freed.reserved(), before.reserved() + freed.cached);
+  EXPECT_EQ(freed.mappings, before.mappings + 1);
+  {
+    const at::Tensor again = at::empty({4 << 20}, at::kFloat);
+    EXPECT_EQ(again.data_ptr(), first);
+    EXPECT_EQ(a.stats().cached, 0);
+    EXPECT_EQ(a.stats().reserved(), freed.reserved());
+  }
+  {
+    const at::Tensor slightly_smaller = at::empty({(4 << 20) - (1 << 18)}, at::kFloat);  // 15 MiB: 16 / 15 < 9 / 8
+    EXPECT_EQ(slightly_smaller.data_ptr(), first);
+  }
+  {
+    const at::Tensor smaller = at::empty({3 << 20}, at::kFloat);  // 12 MiB: a block of its own
+    EXPECT_NE(smaller.data_ptr(), first);
+    EXPECT_EQ(a.stats().mappings, before.mappings + 2);
+  }
+  EXPECT_GE(a.release_cache(), int64_t(28) << 20);
+  EXPECT_EQ(a.stats().cached, 0);
+  EXPECT_EQ(a.stats().reserved(), before.reserved());
+}
+
+// Under a budget the cache is part of what is counted, and it gives way: an allocation that only
+// fits once cached blocks are returned succeeds, and the out-of-memory error
+// comes only when the live tensors alone would exceed the budget.
+TEST(CpuAllocator, CachedBlocksAreReturnedBeforeAnOutOfMemoryError) {
+  auto& a = memory::CachingCpuAllocator::install();
+  a.release_cache();
+  const int64_t base = a.stats().reserved(), evictions = a.stats().evictions, ooms = a.ooms();
+  a.set_limit(base + (int64_t(40) << 20));
+  { const at::Tensor t = at::ones({6 << 20}, at::kFloat); }  // 24 MiB, cached when freed
+  EXPECT_GE(a.stats().cached, int64_t(24) << 20);
+  {
+    const at::Tensor u = at::ones({8 << 20}, at::kFloat);  // 32 MiB: the 24 MiB block is too small, and both do not fit
+    EXPECT_EQ(a.stats().evictions, evictions + 1);
+    EXPECT_EQ(a.stats().cached, 0);
+    EXPECT_LE(a.stats().reserved(), base + (int64_t(40) << 20));
+    EXPECT_THROW(at::ones({4 << 20}, at::kFloat), c10::OutOfMemoryError);  // 16 MiB more live: over
+  }
+  EXPECT_EQ(a.ooms(), ooms + 1);
+  a.set_limit(0);
+  a.release_cache();
+}
+
+// The process's resident memory follows what the allocator counts, with glibc's settings left as
+// they are: large tensors freed stay resident only while cached, and release_cache() returns them
+// to the system.
+TEST(CpuAllocator, ResidentMemoryFollowsTheReservedBytes) {
+  auto& a = memory::CachingCpuAllocator::install();
+  a.release_cache();
+  const int64_t rss0 = process_memory().rss;
+  if (rss0 == 0) GTEST_SKIP() << "no /proc/self/status here";
+  {
+    std::vector<at::Tensor> step;  // 256 MiB in tensors of 1 to 31 MiB, touched
+    for (int64_t mib = 1; mib <= 31; mib += 2) step.push_back(at::ones({mib << 18}, at::kFloat));
+    EXPECT_GT(process_memory().rss - rss0, int64_t(240) << 20);
+  }
+  const int64_t cached = a.stats().cached;
+  EXPECT_GE(cached, int64_t(240) << 20);
+  EXPECT_LT(std::abs(process_memory().rss - rss0 - cached), int64_t(16) << 20);
+  a.release_cache();
+  EXPECT_LT(process_memory().rss - rss0, int64_t(16) << 20);
 }
 
 TEST(CpuAllocator, AnOutOfMemoryInsideBackwardUnwindsToTheBaseline) {
-  auto& a = memory::CountingCpuAllocator::install();
+  auto& a = memory::CachingCpuAllocator::install();
   models::ModelSpec s;
   s.file = std::string(HEADROOM_SOURCE_DIR) + "/models/yolov8n.yaml";
   s.nc = 3;

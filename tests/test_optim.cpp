@@ -103,7 +103,7 @@ TEST(Optimizer, AnUpdateNeedsAtMostTheLargestParameterBeyondItsState) {
   // The optimizer phase is parameters + gradients + state + this bound (Hourglass-104: 3.06 GB +
   // 9 MB, not a second copy of everything): the in-place path allocates one workspace the size
   // of the largest parameter, the fused kernels (LibTorch 2.4+) nothing of tensor size.
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
   at::manual_seed(3);
   std::vector<at::Tensor> params = {at::randn({64, 32, 3, 3}), at::randn({1000}), at::randn({16, 16})};
   const int64_t largest = params[0].numel() * int64_t(sizeof(float));
@@ -277,7 +277,7 @@ TEST(Ema, FollowsTheDecayRamp) {
 
 TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
   // The governor re-runs a step after an OOM: a half-applied update would be applied twice.
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
   for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop}) {
     at::manual_seed(5);
     std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};

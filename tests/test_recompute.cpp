@@ -164,7 +164,7 @@ TEST(Checkpointing, ParametersGetGradientsWhenNoInputRequiresThem) {
 }
 
 TEST(Checkpointing, NothingLeaksWhenBackwardNeverRuns) {
-  auto& alloc = memory::CountingCpuAllocator::install();
+  auto& alloc = memory::CachingCpuAllocator::install();
   Detector d = two_stack_hourglass();
   d->set_recompute(RecomputeMode::all);
   const at::Tensor x = at::rand({2, 3, 64, 64});
@@ -190,7 +190,7 @@ int64_t activation_peak(Detector& d, const at::Tensor& x, RecomputeMode mode) {
 }  // namespace
 
 void expect_activation_drop(Detector d, const at::Tensor& x, double stages_at_least, double all_at_least) {
-  memory::CountingCpuAllocator::install();
+  memory::CachingCpuAllocator::install();
   const int64_t off = activation_peak(d, x, RecomputeMode::off);
   const int64_t stages = activation_peak(d, x, RecomputeMode::stages);
   const int64_t all = activation_peak(d, x, RecomputeMode::all);
@@ -210,6 +210,6 @@ TEST(Checkpointing, ActivationMemoryDropsForHourglass104) {
   ModelSpec s;
   s.file = std::string(HEADROOM_SOURCE_DIR) + "/models/centernet_hg104.yaml";
   s.nc = 80;
-  memory::CountingCpuAllocator::install();  // before the model: its parameters are counted
+  memory::CachingCpuAllocator::install();  // before the model: its parameters are counted
   expect_activation_drop(Detector(s), at::rand({2, 3, 256, 256}), 0.40, 0.60);
 }

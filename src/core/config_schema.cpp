@@ -129,7 +129,7 @@ ConfigKey budget_key() {
   ConfigKey k{{"memory.budget", "string", allowed, "",
                "Memory the run may use on its device: auto = what is free at start, a size, or a share of the "
                "device's total. Enforced: on CUDA with the allocator's memory fraction (a big card behaves like a "
-               "small one), on the CPU by Headroom's counting allocator; both raise the same out-of-memory error."},
+               "small one), on the CPU by Headroom's caching CPU allocator; both raise the same out-of-memory error."},
               nullptr, nullptr};
   k.set = [=](Config& c, const YAML::Node& n) -> std::string {
     if (!n.IsScalar()) return "expected " + allowed + ", got " + node_kind(n);

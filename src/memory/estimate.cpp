@@ -87,7 +87,7 @@ class Prober {
     int64_t peak = 0;                 // above the memory in use before the prober was built
     int64_t step_peak = 0;            // ... during input, forward, loss and backward
     int64_t update_peak = 0;          // ... during the optimizer step and the EMA update
-    int64_t reserved_over = 0;        // peak reserved - peak allocated
+    int64_t held_over = 0;            // what the allocator held at the peak beyond the tensors
     double workspace = 0;             // loss phase peak above the forward's end
     double update_seconds = 0;        // the optimizer step and the EMA update
     double forward_peak = 0;          // at the forward's end plus the loss workspace (above base)
@@ -105,7 +105,12 @@ class Prober {
     std::vector<int64_t> at_row(trainer_->model().stages().empty() ? 0 : size_t(stages_.back().end + 1), 0);
     std::vector<double> time_at_row(at_row.size(), 0);
     auto forward_start = std::chrono::steady_clock::now();
-    int64_t input_end = 0, forward_end = 0, overall = 0;
+    int64_t input_end = 0, forward_end = 0, overall = 0, overall_held = 0;
+    // What the allocator holds at the peak that it cannot give back when memory runs short: CUDA
+    // keeps its segments (reserved); the CPU allocator returns its cache before an allocation
+    // fails, so there only the blocks in use count (their size classes round requests up).
+    const bool cpu = monitor_.device().is_cpu();
+    const auto held = [cpu](const MemoryStats& s) { return cpu ? s.peak_active : s.peak_reserved; };
     std::chrono::steady_clock::time_point update_start;
     bool in_forward = false;
     trainer_->model().set_row_observer([&](int row) {
@@ -118,6 +123,7 @@ class Prober {
     phases_->on = [&](train::StepPhase p) {
       const MemoryStats s = monitor_.sample();
       overall = std::max(overall, s.peak_allocated);
+      overall_held = std::max(overall_held, held(s));
       if (p == train::StepPhase::input) {
         input_end = s.allocated;
         in_forward = true;
@@ -153,7 +159,7 @@ class Prober {
       r.step_peak = fb_peak - base_;
       r.forward_peak = double(forward_end - base_) + r.workspace;
       r.update_peak = s.peak_allocated - base_;
-      r.reserved_over = std::max<int64_t>(0, s.peak_reserved - std::max(overall, s.peak_allocated));
+      r.held_over = std::max<int64_t>(0, std::max(overall_held, held(s)) - std::max(overall, s.peak_allocated));
     } catch (const c10::Error& e) {
       if (!is_out_of_memory(e)) throw;
       trainer_->discard_gradients();
@@ -278,7 +284,7 @@ ModeEstimate probe_mode(Prober& p, train::AmpMode amp, models::RecomputeMode ck,
     for (size_t i = 0; i < p.stages().size(); ++i)
       m.stages.push_back(
           StageBytes{p.stages()[i].name, (r2.stage_bytes[i] - r1.stage_bytes[i]) / double(b2 - b1), r2.stage_seconds[i] / double(b2)});
-    m.allocator_overhead = r2.reserved_over;
+    m.allocator_overhead = r2.held_over;
     m.seconds_per_image = r2.seconds / double(b2);
     const double fb1 = r1.seconds - r1.update_seconds, fb2 = r2.seconds - r2.update_seconds;
     m.seconds_per_batch_image = (fb2 - fb1) / double(b2 - b1);
@@ -468,7 +474,7 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
                      b(double(e.update_workspace)));
     if (e.accumulate(e.batch) > 1 || e.step_batch > e.batch)
       s += fmt::format("    {:<38}{:>12}\n", "later micro-batches' held gradients", b(m.held_gradients));
-    if (m.allocator_overhead > 0) s += fmt::format("    {:<38}{:>12}\n", "allocator overhead (reserved - used)", b(double(m.allocator_overhead)));
+    if (m.allocator_overhead > 0) s += fmt::format("    {:<38}{:>12}\n", "allocator overhead (held - used)", b(double(m.allocator_overhead)));
     s += fmt::format("    {:<38}{:>12}\n", fmt::format("total at batch {}", e.batch), b(double(e.predicted_peak(m, e.batch))));
     if (e.budget > 0)
       s += fmt::format("    {:<38}{:>12}\n", fmt::format("largest batch under {}", b(double(e.usable))), std::to_string(e.largest_batch(m)));

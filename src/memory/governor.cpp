@@ -180,7 +180,7 @@ void Governor::before_train(train::Trainer& t) {
   if (recompute_all_) t.model().set_recompute(models::RecomputeMode::all);
   const MemoryStats s = m.sample();
   last_retries_ = retries_at_start_ = s.alloc_retries;
-  other_at_start_ = process_memory().rss - (t.device().is_cpu() ? s.allocated : 0);
+  other_at_start_ = process_memory().rss - (t.device().is_cpu() ? s.reserved : 0);
   ooms_at_start_ = s.ooms;
   if (!decisions_.empty())
     spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, recompute {}, amp {}", decisions_.size(),
@@ -243,14 +243,14 @@ void Governor::after_epoch(train::Trainer& t) {
   const MemoryStats s = monitor(t).sample();
   const ProcessMemory host = process_memory();
   const bool cpu = t.device().is_cpu();
-  const int64_t other = host.rss - (cpu ? s.allocated : 0), growth = other - other_at_start_;
+  const int64_t other = host.rss - (cpu ? s.reserved : 0), growth = other - other_at_start_;
   spdlog::info("memory, epoch {}: peak {} allocated, {} reserved, of budget {}; fragmentation now {:.0f}%; since the start {} "
                "allocator retries, {} OOMs; micro-batch {}; host RSS {} (peak {}){}",
                t.state().epoch + 1, format_bytes(double(epoch_peak_)), format_bytes(double(epoch_peak_reserved_)),
                o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), 100 * s.fragmentation(),
                s.alloc_retries - retries_at_start_, s.ooms - ooms_at_start_, micro_batch(t), format_bytes(double(host.rss)),
                format_bytes(double(host.peak_rss)),
-               cpu ? fmt::format(": {} tensors, {} the rest ({:+.1f} MiB since training began)", format_bytes(double(s.allocated)),
+               cpu ? fmt::format(": {} tensors and cache, {} the rest ({:+.1f} MiB since training began)", format_bytes(double(s.reserved)),
                                  format_bytes(double(other)), double(growth) / double(1 << 20))
                    : std::string());
   // On the CPU the budget bounds the process: the rest's growth comes off the tensors' limit.

@@ -7,7 +7,7 @@
 namespace headroom::memory {
 
 StepMemory measure_cpu_step(const std::function<void()>& step) {
-  auto& alloc = CountingCpuAllocator::install();
+  auto& alloc = CachingCpuAllocator::install();
   StepMemory m;
   m.baseline = alloc.current();
   alloc.reset_peak();

@@ -17,23 +17,29 @@ namespace {
 
 class CpuMonitor final : public MemoryMonitor {
  public:
-  CpuMonitor() : MemoryMonitor(c10::Device(c10::kCPU)), alloc_(CountingCpuAllocator::install()) {}
+  CpuMonitor() : MemoryMonitor(c10::Device(c10::kCPU)), alloc_(CachingCpuAllocator::install()) {}
   MemoryStats sample() const override {
+    const CpuAllocatorStats a = alloc_.stats();
     MemoryStats s;
-    s.allocated = s.reserved = s.active = alloc_.current();
-    s.peak_allocated = s.peak_reserved = alloc_.peak();
-    s.ooms = alloc_.ooms();
-    s.limit = alloc_.limit();
+    s.allocated = a.allocated;
+    s.active = a.active;
+    s.reserved = a.reserved();
+    s.peak_allocated = a.peak_allocated;
+    s.peak_active = a.peak_active;
+    s.peak_reserved = a.peak_reserved;
+    s.ooms = a.ooms;
+    s.limit = a.limit;
     return s;
   }
   void reset_peak() override { alloc_.reset_peak(); }
   int64_t capacity() const override { return host_memory().total; }
-  int64_t available() const override { return host_memory().available + alloc_.current(); }
+  int64_t available() const override { return host_memory().available + alloc_.stats().reserved(); }
   void set_limit(int64_t bytes) override { alloc_.set_limit(bytes); }
-  void release_cache() override {}
+  void release_cache() override { alloc_.release_cache(); }
+  void phase_ended() override { alloc_.release_cache(); }
 
  private:
-  CountingCpuAllocator& alloc_;
+  CachingCpuAllocator& alloc_;
 };
 
 }  // namespace
@@ -44,6 +50,7 @@ Json memory_stats_json(const MemoryStats& s) {
   j["reserved"] = s.reserved;
   j["active"] = s.active;
   j["peak_allocated"] = s.peak_allocated;
+  j["peak_active"] = s.peak_active;
   j["peak_reserved"] = s.peak_reserved;
   j["alloc_retries"] = s.alloc_retries;
   j["ooms"] = s.ooms;

@@ -30,6 +30,7 @@ class CudaMonitor final : public MemoryMonitor {
     s.reserved = st.reserved_bytes[all].current;
     s.active = st.active_bytes[all].current;
     s.peak_allocated = st.allocated_bytes[all].peak;
+    s.peak_active = st.active_bytes[all].peak;
     s.peak_reserved = st.reserved_bytes[all].peak;
     s.alloc_retries = st.num_alloc_retries;
     s.ooms = st.num_ooms;

@@ -267,6 +267,7 @@ void Trainer::train() {
   }
   if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
   each_hook([&](Hook& h) { h.after_train(*this); });
+  if (monitor_) monitor_->phase_ended();
 }
 
 void Trainer::begin_epoch() {
@@ -597,6 +598,7 @@ std::optional<eval::CocoStats> Trainer::validate() {
     val_shard_ = std::move(shard);
   }
   const std::shared_ptr<const data::Split>& split = group_ ? val_shard_ : val_split_;
+  if (monitor_) monitor_->phase_ended();  // the steps' cached blocks are not validation's sizes
   if (!val_cache_) val_cache_ = data::open_cache(*split, validation_.loader);  // decoded once per run, not per pass
   std::optional<eval::ValidationResult> r;
   while (!r) {
@@ -629,6 +631,7 @@ std::optional<eval::CocoStats> Trainer::validate() {
       if (any) r.reset();
     }
   }
+  if (monitor_) monitor_->phase_ended();
   if (group_) r->stats = gather_validation(*r);
   last_metrics_ = r->stats;
   state_.last_eval_step = state_.step;

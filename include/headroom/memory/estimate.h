@@ -45,7 +45,7 @@ struct ModeEstimate {
   // What a later micro-batch of an accumulating step, which starts with every gradient
   // allocated, peaks above the first (measured at the larger probe; at most the gradients).
   double held_gradients = 0;
-  int64_t allocator_overhead = 0;  // reserved - allocated at the larger probe (CUDA caching)
+  int64_t allocator_overhead = 0;  // held beyond the tensors at the larger probe's peak (CUDA: reserved; CPU: blocks in use)
   std::vector<StageBytes> stages;
   double seconds_per_image = 0;    // step time at the larger probe, per image
   // A micro-batch's forward and backward time fitted on the two probes, fixed + per image (the

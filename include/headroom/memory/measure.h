@@ -1,4 +1,4 @@
-// Measuring what a training step costs on the CPU, with the counting allocator.
+// Measuring what a training step costs on the CPU, with Headroom's CPU allocator.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@ struct StepMemory {
 };
 
 // Runs `step` once and reports its peak above the memory in use before it. Installs the
-// counting CPU allocator if needed (tensors allocated before that are not counted).
+// CPU allocator if needed (tensors allocated before that are not counted).
 StepMemory measure_cpu_step(const std::function<void()>& step);
 
 }  // namespace headroom::memory

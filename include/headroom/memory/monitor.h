@@ -1,7 +1,7 @@
 // The memory monitors (the interface is core/memory.h) and the budget: what the run's device has
 // in use, read without a device sync, and the limit the run must stay under. CUDA reads the
 // caching allocator's statistics and enforces the budget with its memory fraction; the CPU reads
-// Headroom's counting allocator and enforces the budget by throwing c10::OutOfMemoryError, so
+// Headroom's caching CPU allocator and enforces the budget by throwing c10::OutOfMemoryError, so
 // both share one recovery path.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace headroom::memory {
 
 Json memory_stats_json(const MemoryStats& s);
 
-// The monitor of a run's device. For the CPU this installs the counting allocator: call it
+// The monitor of a run's device. For the CPU this installs the CPU allocator: call it
 // before the model is built, or the parameters are not counted.
 std::unique_ptr<MemoryMonitor> make_memory_monitor(c10::Device device);
 
