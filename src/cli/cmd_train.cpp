@@ -5,17 +5,13 @@
 #include <set>
 
 #include "commands.h"
+#include "headroom/cli/run.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
-#include "headroom/core/run_dir.h"
-#include "headroom/core/text.h"
 #include "headroom/dist/group.h"
 #include "headroom/dist/launch.h"
-#include "headroom/memory/estimate.h"
-#include "headroom/memory/governor.h"
-#include "headroom/memory/starvation.h"
 #include "headroom/train/checkpoints.h"
 #include "headroom/train/hooks.h"
 #include "headroom/train/trainer.h"
@@ -155,65 +151,14 @@ void add_train_command(CLI::App& app, int& exit_code) {
     if (world.distributed())
       group = std::make_shared<dist::Group>(world, dist::GroupOptions().backend(c.distributed.backend).timeout(c.distributed.timeout),
                                             device);
-    std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);  // before the model: counts it
-    const int64_t budget = memory::resolve_budget(c.memory.budget, *monitor);
-    auto train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
-    std::shared_ptr<memory::RecomputePlanner> planner;
-    int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
-    if (c.train.batch_auto) {
-      memory::AutoBatch a = memory::choose_batch(c, train_split, *monitor, budget);
-      if (group) {
-        // The smallest choice of any rank; each loads its share of the step's images.
-        for (const auto& v : group->all_gather({double(a.batch)}, "the ranks' train.batch auto choice"))
-          a.batch = std::min<int64_t>(a.batch, int64_t(v[0]));
-        const int64_t W = group->world();
-        a.step_batch = std::max<int64_t>(1, (a.step_batch + W - 1) / W);
-        a.batch = std::min(a.batch, a.step_batch);
-      }
-      std::string tried;
-      for (const auto& [b, peak] : a.tried)
-        tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
-      spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images, "
-                   "each one optimizer step{}. The choices weighed:{}",
-                   a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
-                   a.planner ? "memory.prefer " + c.memory.prefer : std::string("the largest that fits"), tried, a.step_batch,
-                   a.step_batch == c.train.nominal_batch
-                       ? fmt::format(" of exactly train.nominal_batch {}", c.train.nominal_batch)
-                       : fmt::format(" (train.nominal_batch {} is more than the {} training images)", c.train.nominal_batch,
-                                     train_split->samples.size()),
-                   memory::format_batch_options(a));
-      c.train.batch = int(a.step_batch);
-      c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
-      micro = a.batch;
-      planner = a.planner;
-    }
-    if (c.memory.activation_checkpointing == "auto" && !planner)
-      planner = memory::make_recompute_planner(c, train_split, *monitor, budget);
-    if (run_dir.empty()) run_dir = world.rank == 0 ? open_run_dir(c) : std::string();
-    if (group) run_dir = group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
-    train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, train::load_val_split(c), group);
-    parts.monitor = monitor;
-    train::Trainer trainer(std::move(parts));
-    monitor->set_limit(budget);  // enforced with or without recovery
-    // The governor first: it runs the steps, and its after_step judges the step's own peak.
-    auto governor = std::make_unique<memory::Governor>(memory::governor_options(c, budget), planner);
-    if (micro > 0) {
-      governor->set_micro_batch(micro);
-      trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
-    }
-    const int64_t per_step = trainer.options().batch() * trainer.world() * trainer.accumulate();
-    if (per_step != c.train.nominal_batch)
-      spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
-                   "divides it, or train.batch=auto, makes it exact)",
-                   trainer.options().batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
-                   trainer.accumulate(), per_step, c.train.nominal_batch);
-    trainer.register_hook(std::move(governor));
-    trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
-    train::register_default_hooks(trainer, c);
-    if (!checkpoint.empty()) trainer.load_checkpoint(checkpoint);
+    cli::RunOptions options;
+    options.run_dir = run_dir;
+    options.checkpoint = checkpoint;
+    options.group = group;
+    Run run = build_run(std::move(c), device, std::move(options));
     train::install_interrupt_handler();
-    trainer.train();
-    exit_code = trainer.state().exit_code;
+    run.trainer->train();
+    exit_code = run.trainer->state().exit_code;
   });
 }
 

@@ -1,0 +1,43 @@
+// A training run assembled from its config, in one place: the memory monitor (before the model,
+// so the CPU allocator counts it), the budget, train.batch auto and the recompute planner, the
+// run directory, the trainer's parts, the memory governor as the step executor, the starvation
+// monitor, the default hooks, and a resumed checkpoint. `trainer train`, the benchmarks and the
+// tests build their runs here.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "headroom/core/config.h"
+#include "headroom/core/memory.h"
+#include "headroom/data/dataset.h"
+#include "headroom/dist/group.h"
+#include "headroom/memory/governor.h"
+#include "headroom/train/trainer.h"
+
+namespace headroom::cli {
+
+struct RunOptions {
+  std::string run_dir;                               // "" = a new one under project/name (rank 0)
+  std::string checkpoint;                            // a checkpoint to resume from
+  std::shared_ptr<dist::Group> group;                // null = one process
+  std::shared_ptr<const data::Split> train, val;     // null = the config's (val: its val split, when it has one)
+  bool default_hooks = true;                         // schedule, EMA, guards, evaluation, logs, plots, checkpoints
+  std::function<void(train::TrainerParts&)> adjust;  // changes the parts before the trainer is built (tests: their loss)
+};
+
+struct Run {
+  Config config;                            // as the run trains: train.batch auto resolved
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t budget = 0;                       // memory.budget in bytes
+  std::shared_ptr<MemoryMonitor> monitor;
+  std::unique_ptr<train::Trainer> trainer;  // its first hook is the governor, which runs its steps
+  memory::Governor* governor = nullptr;     // owned by the trainer
+};
+
+Run build_run(Config c, c10::Device device, RunOptions options = {});
+
+}  // namespace headroom::cli

@@ -1,0 +1,98 @@
+#include "headroom/cli/run.h"
+
+#include "headroom/core/logging.h"
+#include "headroom/core/run_dir.h"
+#include "headroom/core/text.h"
+#include "headroom/memory/estimate.h"
+#include "headroom/memory/monitor.h"
+#include "headroom/memory/starvation.h"
+#include "headroom/train/hooks.h"
+
+namespace headroom::cli {
+
+namespace {
+
+// train.batch auto: the micro-batch and the loader batch (a whole step), the smallest any rank
+// chose; logs the choice and what was weighed.
+memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const data::Split>& train_split, MemoryMonitor& monitor,
+                                  int64_t budget, dist::Group* group) {
+  memory::AutoBatch a = memory::choose_batch(c, train_split, monitor, budget);
+  if (group) {
+    // The smallest choice of any rank; each loads its share of the step's images.
+    for (const auto& v : group->all_gather({double(a.batch)}, "the ranks' train.batch auto choice"))
+      a.batch = std::min<int64_t>(a.batch, int64_t(v[0]));
+    const int64_t W = group->world();
+    a.step_batch = std::max<int64_t>(1, (a.step_batch + W - 1) / W);
+    a.batch = std::min(a.batch, a.step_batch);
+  }
+  std::string tried;
+  for (const auto& [b, peak] : a.tried)
+    tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
+  spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images, "
+               "each one optimizer step{}. The choices weighed:{}",
+               a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
+               a.planner ? "memory.prefer " + c.memory.prefer : std::string("the largest that fits"), tried, a.step_batch,
+               a.step_batch == c.train.nominal_batch
+                   ? fmt::format(" of exactly train.nominal_batch {}", c.train.nominal_batch)
+                   : fmt::format(" (train.nominal_batch {} is more than the {} training images)", c.train.nominal_batch,
+                                 train_split->samples.size()),
+               memory::format_batch_options(a));
+  return a;
+}
+
+}  // namespace
+
+Run build_run(Config c, c10::Device device, RunOptions o) {
+  Run run;
+  run.device = device;
+  run.monitor = memory::make_memory_monitor(device);  // before the model: counts it
+  run.budget = memory::resolve_budget(c.memory.budget, *run.monitor);
+  std::shared_ptr<const data::Split> train_split = o.train, val_split = o.val;
+  if (!train_split) {
+    train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    val_split = train::load_val_split(c);
+  }
+  std::shared_ptr<memory::RecomputePlanner> planner;
+  int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
+  if (c.train.batch_auto) {
+    const memory::AutoBatch a = automatic_batch(c, train_split, *run.monitor, run.budget, o.group.get());
+    c.train.batch = int(a.step_batch);
+    c.train.batch_auto = false;  // the run's config and checkpoints record the size chosen, so resume keeps it
+    micro = a.batch;
+    planner = a.planner;
+  }
+  if (c.memory.activation_checkpointing == "auto" && !planner)
+    planner = memory::make_recompute_planner(c, train_split, *run.monitor, run.budget);
+  std::string run_dir = o.run_dir;
+  const int rank = o.group ? o.group->rank() : 0;
+  if (run_dir.empty() && rank == 0) run_dir = open_run_dir(c);
+  if (o.group) run_dir = o.group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
+  train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, val_split, o.group);
+  parts.monitor = run.monitor;
+  if (o.adjust) o.adjust(parts);
+  run.trainer = std::make_unique<train::Trainer>(std::move(parts));
+  train::Trainer& trainer = *run.trainer;
+  run.monitor->set_limit(run.budget);  // enforced with or without recovery
+  // The governor first: it runs the steps, and its after_step judges the step's own peak.
+  auto governor = std::make_unique<memory::Governor>(memory::governor_options(c, run.budget), planner);
+  run.governor = governor.get();
+  if (micro > 0) {
+    governor->set_micro_batch(micro);
+    trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
+  }
+  const int64_t per_step = trainer.options().batch() * trainer.world() * trainer.accumulate();
+  if (per_step != c.train.nominal_batch)
+    spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
+                 "divides it, or train.batch=auto, makes it exact)",
+                 trainer.options().batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
+                 trainer.accumulate(), per_step, c.train.nominal_batch);
+  trainer.set_executor(run.governor);
+  trainer.register_hook(std::move(governor));
+  trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
+  if (o.default_hooks) train::register_default_hooks(trainer, c);
+  if (!o.checkpoint.empty()) trainer.load_checkpoint(o.checkpoint);
+  run.config = std::move(c);
+  return run;
+}
+
+}  // namespace headroom::cli
