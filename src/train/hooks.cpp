@@ -160,12 +160,15 @@ class LogHook : public Hook {
                  to_string(o.optimizer().kind()), o.schedule().lr0(), to_string(o.schedule().kind()), to_string(t.amp()),
                  t.ema() ? "on" : "off");
     if (const std::string note = bf16_cost_note(t.amp(), t.device()); !note.empty()) spdlog::warn("{}", note);
-    epoch_start_ = std::chrono::steady_clock::now();
+    epoch_start_ = steps_start_ = steps_end_ = std::chrono::steady_clock::now();
     epoch_first_step_ = t.state().step;
     epoch_first_images_ = t.state().images;
   }
 
+  void before_epoch(Trainer&) override { steps_start_ = steps_end_ = std::chrono::steady_clock::now(); }
+
   void after_step(Trainer& t) override {
+    steps_end_ = std::chrono::steady_clock::now();
     if (const auto& m = t.step_memory()) {
       window_peak_ = std::max(window_peak_, m->peak_allocated);
       epoch_peak_ = std::max(epoch_peak_, m->peak_allocated);
@@ -191,7 +194,12 @@ class LogHook : public Hook {
   }
 
   void after_epoch(Trainer& t) override {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+    // The epoch's wall time, and the part its steps took: validation and the other hooks' epoch
+    // end come after them, the last epoch's checkpoint before.
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - epoch_start_).count();
+    const double training = std::chrono::duration<double>(steps_end_ - steps_start_).count();
+    const double epoch_end = std::chrono::duration<double>(now - steps_end_).count();
     const int64_t images = t.state().images - epoch_first_images_;
     Scalars row = {{"epoch", double(t.state().epoch + 1)}, {"step", double(t.state().step)}};
     std::string losses;
@@ -205,17 +213,18 @@ class LogHook : public Hook {
     row.insert(row.end(), {{"metrics/AP50-95", metric(0)}, {"metrics/AP50", metric(1)}, {"metrics/AP75", metric(2)}});
     for (size_t g = 0; g < t.optimizer().groups().size(); ++g) row.emplace_back("lr/pg" + std::to_string(g), t.optimizer().groups()[g].lr);
     const double skipped = t.counters().skipped_steps;  // read at the epoch's last step
-    row.insert(row.end(), {{"time/epoch_s", seconds}, {"speed/img_s", images / std::max(seconds, 1e-9)},
-                           {"time/data_wait_share", t.data_wait_seconds() / std::max(seconds, 1e-9)},
+    row.insert(row.end(), {{"time/epoch_s", seconds}, {"time/train_s", training}, {"speed/img_s", images / std::max(training, 1e-9)},
+                           {"time/data_wait_share", t.data_wait_seconds() / std::max(training, 1e-9)},
                            {"train/skipped_steps", skipped}});
     csv_->append(row);
     tb_->add_scalars(Scalars(row.begin() + 2, row.end()), t.state().step,
                      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     tb_->flush();
-    spdlog::info("epoch {}/{} done: {} steps in {} ({:.1f} img/s, data wait {:.0f}%),{}{}; {} skipped steps; memory peak {}",
-                 t.state().epoch + 1, t.epochs(), t.state().step - epoch_first_step_, human_seconds(seconds),
-                 images / std::max(seconds, 1e-9), 100 * t.data_wait_seconds() / std::max(seconds, 1e-9), losses,
-                 fresh_eval ? fmt::format(", val AP50-95 {:.4f} AP50 {:.4f}", metric(0), metric(1)) : "", int64_t(skipped),
+    spdlog::info("epoch {}/{} done: {} steps in {} ({:.1f} img/s, data wait {:.0f}%){},{}{}; {} skipped steps; memory peak {}",
+                 t.state().epoch + 1, t.epochs(), t.state().step - epoch_first_step_, human_seconds(training),
+                 images / std::max(training, 1e-9), 100 * t.data_wait_seconds() / std::max(training, 1e-9),
+                 fresh_eval ? ", validation " + human_seconds(epoch_end) : "", losses,
+                 fresh_eval ? fmt::format(" val AP50-95 {:.4f} AP50 {:.4f}", metric(0), metric(1)) : "", int64_t(skipped),
                  t.step_memory() ? format_bytes(double(epoch_peak_)) : std::string("not measured"));
     epoch_sums_.clear();
     epoch_finite_ = 0;
@@ -240,7 +249,7 @@ class LogHook : public Hook {
 
  private:
   std::string progress(Trainer& t, const StepCounters& c, int64_t in_epoch) {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+    const double seconds = std::chrono::duration<double>(steps_end_ - steps_start_).count();
     const double steps = double(t.state().step - epoch_first_step_);
     const double its = steps / std::max(seconds, 1e-9);
     const double imgs = double(t.state().images - epoch_first_images_) / std::max(seconds, 1e-9);
@@ -265,7 +274,7 @@ class LogHook : public Hook {
   std::map<std::string, double> epoch_sums_;  // per term, over the epoch's finite steps
   int64_t epoch_finite_ = 0;
   int64_t window_peak_ = 0, epoch_peak_ = 0, printed_step_ = 0;
-  std::chrono::steady_clock::time_point epoch_start_;
+  std::chrono::steady_clock::time_point epoch_start_, steps_start_, steps_end_;
   int64_t epoch_first_step_ = 0, epoch_first_images_ = 0;
 };
 
