@@ -116,7 +116,7 @@ class PhaseTimer : public train::Hook {
     t_.steps_seconds += since(step_start_);
     t_.wall_seconds = since(start_);
     ++t_.steps;
-    t_.images += tr.options().batch() * tr.accumulate();
+    t_.images += tr.batch() * tr.accumulate();
   }
 
  private:
@@ -131,7 +131,7 @@ class PhaseTimer : public train::Hook {
 Timing plain_steps(const Config& c, c10::Device device, const std::shared_ptr<const data::Split>& split, int64_t warmup,
                    int64_t steps) {
   train::TrainerParts parts = train::make_trainer_parts(c, device, "", split, nullptr);
-  const int64_t accumulate = train::run_length(parts.options, data::Loader(split, parts.loader).batches_per_epoch()).accumulate;
+  const int64_t accumulate = train::run_length(parts.options, parts.loader.batch(), data::Loader(split, parts.loader).batches_per_epoch()).accumulate;
   struct Prepared {
     at::Tensor images;
     losses::Targets targets;

@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "headroom/cli/run.h"
 #include "headroom/core/errors.h"
 #include "headroom/data/loader.h"
 #include "headroom/dist/group.h"
@@ -269,16 +270,15 @@ TEST(DistributedWorker, TrainsAsItsRank) {
   const dist::WorldInfo w = dist::world_from_env();
   const Config c = load_config(dir + "/run.yaml", {});
   const c10::Device cpu(c10::kCPU);
-  auto group = std::make_shared<dist::Group>(w, dist::GroupOptions().timeout(120), cpu);
-  at::manual_seed(0);
-  train::TrainerParts p = train::make_trainer_parts(c, cpu, dir + "/rank" + std::to_string(w.rank),
-                                                    std::make_shared<const data::Split>(data::load_split(c, "train")), nullptr, group);
-  p.monitor = memory::make_memory_monitor(cpu);
-  train::Trainer t(std::move(p));
+  cli::RunOptions o;
+  o.run_dir = dir + "/rank" + std::to_string(w.rank);
+  o.group = std::make_shared<dist::Group>(w, dist::GroupOptions().timeout(120), cpu);
+  o.train = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  o.default_hooks = false;
+  cli::Run run = cli::build_run(c, cpu, o);  // the run `trainer train` builds: the governor runs its steps
+  train::Trainer& t = *run.trainer;
+  const memory::Governor* g = run.governor;
   t.register_hook(std::make_unique<EvalModeBatchNorm>());
-  auto governor = std::make_unique<memory::Governor>(memory::GovernorOptions());
-  memory::Governor* g = governor.get();
-  t.register_hook(std::move(governor));
   // Rank 1 alone runs out of memory 150 allocations into step 2.
   class OomOnRank1 : public train::Hook {
    public:
@@ -338,13 +338,14 @@ std::vector<at::Tensor> one_process(const std::vector<std::string>& overrides, i
   std::vector<std::string> single = overrides;
   single.push_back("train.batch=8");
   const Config c = load_config("", single);
-  train::Trainer t(parts_for(c, temp_dir("dist-one")));
-  t.register_hook(std::make_unique<EvalModeBatchNorm>());
-  auto g = std::make_unique<memory::Governor>(memory::GovernorOptions());
-  g->set_micro_batch(micro);
-  t.register_hook(std::move(g));
-  t.train();
-  return params_of(t.model());
+  cli::RunOptions o;
+  o.run_dir = temp_dir("dist-one");
+  o.default_hooks = false;
+  cli::Run run = cli::build_run(c, c10::Device(c10::kCPU), o);
+  run.governor->set_micro_batch(micro);
+  run.trainer->register_hook(std::make_unique<EvalModeBatchNorm>());
+  run.trainer->train();
+  return params_of(run.trainer->model());
 }
 
 }  // namespace

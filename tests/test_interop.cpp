@@ -16,26 +16,21 @@
 #include "headroom/eval/postprocess.h"
 #include "headroom/interop/safetensors.h"
 #include "headroom/interop/torch_file.h"
-#include "headroom/models/onnx_export.h"
-#include "headroom/models/onnx_proto.h"
-#include "headroom/models/weights_import.h"
+#include "headroom/interop/onnx_export.h"
+#include "headroom/interop/onnx_proto.h"
+#include "headroom/interop/weights_import.h"
 #include "headroom/train/trainer.h"
+#include "headroom/interop/init_from.h"
+#include "interop_util.h"
+#include "onnx_util.h"
 #include "test_util.h"
 
 using namespace headroom;
 using namespace headroom::models;
+using namespace headroom::interop;
+using namespace headroom::test;  // fixture, reference, max_abs, run_onnx, forward_outputs
 
 namespace {
-
-std::string fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/" + name; }
-
-std::map<std::string, at::Tensor> reference(const std::string& name) {
-  std::map<std::string, at::Tensor> out;
-  for (auto& [k, t] : interop::read_safetensors(fixture(name + ".ref.safetensors")).tensors) out[k] = t;
-  return out;
-}
-
-double max_abs(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
 
 // Our outputs against the library's, in fp32 and in fp64. `want` maps each of our outputs
 // ("pred" level l, "heatmap" stack s, ...) to the reference tensor's name. fp64 shows a
@@ -311,169 +306,6 @@ TEST(Interop, PickleTreeOfAnUltralyticsCheckpoint) {
 
 // --- ONNX export ---------------------------------------------------------------------------
 
-namespace {
-
-// Runs an ONNX graph with ATen, for the ops the exporter writes (a reference evaluator: its
-// results are held to ONNX Runtime's on the stored exports). Half-precision graphs run in fp32.
-std::map<std::string, at::Tensor> run_onnx(const std::string& path, const at::Tensor& images) {
-  onnx::ModelProto m;
-  const std::string bytes = test::read_bytes(path);
-  EXPECT_TRUE(m.ParseFromString(bytes)) << path;
-  std::map<std::string, at::Tensor> v;
-  for (const auto& t : m.graph().initializer()) {
-    std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
-    const at::ScalarType type = t.data_type() == onnx::TensorProto::INT64 ? at::kLong
-                                : t.data_type() == onnx::TensorProto::FLOAT16 ? at::kHalf
-                                                                              : at::kFloat;
-    at::Tensor x = at::empty(dims, type);
-    std::memcpy(x.data_ptr(), t.raw_data().data(), t.raw_data().size());
-    v[t.name()] = type == at::kHalf ? x.to(at::kFloat) : x;
-  }
-  v[m.graph().input(0).name()] = images.to(at::kFloat);
-  const auto ints = [](const onnx::NodeProto& n, const std::string& name) {
-    for (const auto& a : n.attribute())
-      if (a.name() == name) return std::vector<int64_t>(a.ints().begin(), a.ints().end());
-    return std::vector<int64_t>{};
-  };
-  const auto integer = [](const onnx::NodeProto& n, const std::string& name, int64_t fallback) {
-    for (const auto& a : n.attribute())
-      if (a.name() == name) return int64_t(a.i());
-    return fallback;
-  };
-  const auto list = [](const at::Tensor& t) { return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()); };
-  for (const auto& n : m.graph().node()) {
-    const auto in = [&](int i) { return v.at(n.input(i)); };
-    const std::string& op = n.op_type();
-    std::vector<at::Tensor> out;
-    if (op == "Conv") {
-      const auto p = ints(n, "pads");
-      out = {at::conv2d(in(0), in(1), n.input_size() > 2 ? in(2) : at::Tensor(), ints(n, "strides"), {p[0], p[1]},
-                        ints(n, "dilations"), integer(n, "group", 1))};
-    } else if (op == "Sigmoid") {
-      out = {in(0).sigmoid()};
-    } else if (op == "Relu") {
-      out = {in(0).relu()};
-    } else if (op == "Mul") {
-      out = {in(0) * in(1)};
-    } else if (op == "Add") {
-      out = {in(0) + in(1)};
-    } else if (op == "Sub") {
-      out = {in(0) - in(1)};
-    } else if (op == "MatMul") {
-      out = {at::matmul(in(0), in(1))};
-    } else if (op == "Softmax") {
-      out = {in(0).softmax(integer(n, "axis", -1))};
-    } else if (op == "Concat") {
-      std::vector<at::Tensor> xs;
-      for (int i = 0; i < n.input_size(); ++i) xs.push_back(in(i));
-      out = {at::cat(xs, integer(n, "axis", 0))};
-    } else if (op == "Split") {
-      out = in(0).split_with_sizes(list(in(1)), integer(n, "axis", 0));
-    } else if (op == "Slice") {
-      out = {in(0).slice(list(in(3))[0], list(in(1))[0], list(in(2))[0])};
-    } else if (op == "Reshape") {
-      std::vector<int64_t> shape = list(in(1));
-      for (size_t i = 0; i < shape.size(); ++i)
-        if (shape[i] == 0) shape[i] = in(0).size(int64_t(i));
-      out = {in(0).reshape(shape)};
-    } else if (op == "Transpose") {
-      out = {in(0).permute(ints(n, "perm"))};
-    } else if (op == "Shape") {
-      out = {at::tensor(in(0).sizes().vec(), at::kLong)};
-    } else if (op == "MaxPool") {
-      const auto p = ints(n, "pads");
-      out = {at::max_pool2d(in(0), ints(n, "kernel_shape"), ints(n, "strides"), {p[0], p[1]})};
-    } else if (op == "Resize") {  // nearest, asymmetric, floor: PyTorch's nearest
-      const at::Tensor s = in(2);
-      out = {at::upsample_nearest2d(in(0), {int64_t(double(in(0).size(2)) * s[2].item<double>()), int64_t(double(in(0).size(3)) * s[3].item<double>())})};
-    } else if (op == "Gather") {
-      out = {in(0).index_select(integer(n, "axis", 0), in(1))};
-    } else if (op == "ReduceSum") {
-      out = {in(0).sum(list(in(1)), integer(n, "keepdims", 1) != 0)};
-    } else {
-      ADD_FAILURE() << "evaluator: op " << op;
-      return v;
-    }
-    for (int i = 0; i < n.output_size(); ++i) v[n.output(i)] = out.at(size_t(i));
-  }
-  return v;
-}
-
-// What the graph should output, from our forward: YOLO [B, 4 + nc, A] xywh + scores, CenterNet
-// the last stack's sigmoid heatmap, size and offset.
-std::map<std::string, at::Tensor> forward_outputs(DetectorImpl& model, const at::Tensor& x) {
-  model.eval();
-  at::NoGradGuard no_grad;
-  const HeadOutputs out = model.forward(x);
-  if (model.info().family == "centernet")
-    return {{"heatmap", out.at("heatmap").back().sigmoid()}, {"size", out.at("size").back()}, {"offset", out.at("offset").back()}};
-  const eval::Candidates c = eval::decode_candidates(model.info(), out);
-  const at::Tensor xy = (c.boxes.narrow(2, 0, 2) + c.boxes.narrow(2, 2, 2)) / 2, wh = c.boxes.narrow(2, 2, 2) - c.boxes.narrow(2, 0, 2);
-  return {{"output0", at::cat({xy, wh, c.scores}, 2).transpose(1, 2)}};
-}
-
-}  // namespace
-
-// Every shipped family through export: the ONNX checker and shape inference pass (inside
-// export), the graph's outputs equal our forward, and the evaluator that says so equals ONNX
-// Runtime on the graphs stored at fixture time (scripts/make_onnx_reference.py).
-TEST(Interop, OnnxExportEqualsTheForwardAndOnnxRuntime) {
-  const std::string dir = test::temp_dir("onnx");
-  for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
-           {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
-           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}}) {
-    std::map<std::string, at::Tensor> ort;
-    for (auto& [k, t] : interop::read_safetensors(fixture(name + ".onnxruntime.safetensors")).tensors) ort[k] = t;
-    const at::Tensor x = ort.at("input");  // [2, 3, S, S]
-    LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
-    w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)
-    const auto want = forward_outputs(*w.model, x);
-    const std::string path = dir + "/" + name + ".onnx";
-    export_onnx(*w.model, w.info, path, OnnxExportOptions().imgsz(imgsz).dynamic(true));
-    const auto got = run_onnx(path, x);
-    for (const auto& [out, ours] : want) {
-      const double scale = std::max(1.0, ours.abs().max().item<double>());
-      // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order: fp32
-      // rounding, grown by these fixtures' depth and by the box decode (x stride, YOLOv5's
-      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again, and so do
-      // another CPU's (yolov5v7_t: 1.16e-4 of the scale on the accelerator machine's host).
-      const double to_forward = max_abs(got.at(out), ours), to_ort = max_abs(got.at(out), ort.at(out));
-      EXPECT_LT(to_forward, 2e-4 * scale) << name << " " << out;
-      EXPECT_LT(to_ort, 2e-4 * scale) << name << " " << out;
-      std::printf("%s %s: ONNX graph vs forward %.3g, vs ONNX Runtime %.3g; ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(),
-                  out.c_str(), to_forward, to_ort, max_abs(ort.at(out), ours), scale);
-    }
-  }
-}
-
-TEST(Interop, OnnxExportHalfAndStaticBatch) {
-  const std::string dir = test::temp_dir("onnx-half");
-  LoadedWeights w = load_any_weights(fixture("ul_yolo11t.pt"), c10::Device(c10::kCPU));
-  w.model->fuse();
-  const at::Tensor x = reference("ul_yolo11t").at("input").narrow(0, 0, 1);
-  const auto want = forward_outputs(*w.model, x).at("output0");
-  export_onnx(*w.model, w.info, dir + "/s.onnx", OnnxExportOptions().imgsz(64));
-  export_onnx(*w.model, w.info, dir + "/h.onnx", OnnxExportOptions().imgsz(64).half(true));
-  onnx::ModelProto s, h;
-  ASSERT_TRUE(s.ParseFromString(test::read_bytes(dir + "/s.onnx")));
-  ASSERT_TRUE(h.ParseFromString(test::read_bytes(dir + "/h.onnx")));
-  EXPECT_EQ(s.graph().input(0).type().tensor_type().shape().dim(0).dim_value(), 1);  // static batch
-  EXPECT_EQ(h.graph().input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
-  EXPECT_EQ(h.graph().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
-  EXPECT_LT(test::read_bytes(dir + "/h.onnx").size(), test::read_bytes(dir + "/s.onnx").size() * 6 / 10);
-  std::map<std::string, std::string> meta;
-  for (const auto& p : s.metadata_props()) meta[p.key()] = p.value();
-  EXPECT_EQ(meta.at("imgsz"), "[64, 64]");
-  EXPECT_EQ(meta.at("stride"), "32");
-  EXPECT_EQ(meta.at("names").substr(0, 4), "{0: ");
-  EXPECT_LT(max_abs(run_onnx(dir + "/s.onnx", x).at("output0"), want), 1e-4 * want.abs().max().item<double>());
-  // fp16 weights (run here in fp32): within the rounding of the weights
-  const at::Tensor half = run_onnx(dir + "/h.onnx", x).at("output0");
-  EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);  // scores
-}
-
-// The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the
-// tensors of xingyizhou's network (ctdet_coco_hg.pth), with the same shapes.
 TEST(Interop, HourglassNamesCoverCenterNetsHg104) {
   ModelSpec spec;
   spec.file = std::string(HEADROOM_SOURCE_DIR) + "/models/centernet_hg104.yaml";
@@ -506,11 +338,11 @@ TEST(Interop, HourglassNamesCoverCenterNetsHg104) {
 TEST(Interop, ABadInitFromNamesTheConfigLine) {
   const std::string dir = test::temp_dir("bad-init-from");
   test::write_bytes(dir + "/run.yaml", "model:\n  init_from: " + dir + "/nope.pt\n");
-  std::string e = thrown([&] { build_detector(load_config(dir + "/run.yaml"), 3); });
+  std::string e = thrown([&] { interop::run_model(load_config(dir + "/run.yaml"), 3); });
   EXPECT_NE(e.find("nope.pt: weights file not found"), std::string::npos) << e;
   EXPECT_NE(e.find("model.init_from from " + dir + "/run.yaml:2"), std::string::npos) << e;
   test::write_bytes(dir + "/notes.pt", "not weights");
-  e = thrown([&] { build_detector(load_config(dir + "/run.yaml", {"model.init_from=" + dir + "/notes.pt"}), 3); });
+  e = thrown([&] { interop::run_model(load_config(dir + "/run.yaml", {"model.init_from=" + dir + "/notes.pt"}), 3); });
   EXPECT_NE(e.find("notes.pt: not a weights file Headroom reads"), std::string::npos) << e;
   EXPECT_NE(e.find("command line 'model.init_from="), std::string::npos) << e;
 }
@@ -606,14 +438,14 @@ TEST(Interop, DamagedTfCheckpointsNameTheFileAndTheFault) {
   e = thrown([&] { load_any_weights(tf_fixture("ckpt-0"), c10::Device(c10::kCPU)); });
   EXPECT_NE(e.find("does not record the input normalisation"), std::string::npos) << e;
   test::write_bytes(dir + "/run.yaml", "model:\n  init_from: " + tf_fixture("ckpt-0") + "\n");
-  e = thrown([&] { build_detector(load_config(dir + "/run.yaml"), 1); });
+  e = thrown([&] { interop::run_model(load_config(dir + "/run.yaml"), 1); });
   EXPECT_NE(e.find("run.yaml:2:"), std::string::npos) << e;
   EXPECT_NE(e.find("model.init_from " + tf_fixture("ckpt-0") + " is a TF checkpoint, which does not record"), std::string::npos) << e;
   // With the normalisation, the backbone alone: the heads keep their initialisation.
   const Config c = load_config(dir + "/run.yaml", {"model.input_mean=[104, 114, 120]", "model.input_std=[74, 70, 71]", "model.input_bgr=true"});
-  Detector d = build_detector(c, 1);
+  Detector d = interop::run_model(c, 1);
   const at::Tensor head_before = d->head().named_parameters()[0].value().clone();
-  const auto kept = train::init_from_weights(*d, c.model.init_from, /*backbone_only=*/true);
+  const auto kept = interop::init_from_weights(*d, c.model.init_from, /*backbone_only=*/true);
   EXPECT_EQ(kept.size(), 24u);  // 2 stacks x 3 heads x 2 convolutions x (weight, bias)
   EXPECT_TRUE(at::equal(d->head().named_parameters()[0].value(), head_before));
 }

@@ -8,6 +8,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/models/blocks.h"
 #include "headroom/models/detector.h"
+#include "headroom/interop/init_from.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -245,13 +246,13 @@ TEST(Models, InputSizeMustFitTheStrides) {
 
 TEST(Models, TheConfigSelectsTheModel) {
   const Config c = load_config("", {"model.file=" + model_path("centernet_csp_s.yaml"), "memory.activation_checkpointing=stages"});
-  Detector d = build_detector(c, 7);
+  Detector d = interop::run_model(c, 7);
   EXPECT_EQ(d->info().family, "centernet");
   EXPECT_EQ(d->info().nc, 7);
   EXPECT_EQ(d->scale(), "s");
   EXPECT_EQ(d->recompute_mode(), RecomputeMode::stages);
   try {
-    build_detector(load_config("", {"model.file=/nope/x.yaml"}), 3);
+    interop::run_model(load_config("", {"model.file=/nope/x.yaml"}), 3);
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("model file not found (looked for /nope/x.yaml)"), std::string::npos) << e.what();
@@ -261,9 +262,9 @@ TEST(Models, TheConfigSelectsTheModel) {
   const std::string dir = test::temp_dir("model-beside-config");
   test::write_bytes(dir + "/mine.yaml", kTinyYolo);
   test::write_bytes(dir + "/run.yaml", "model: {file: mine.yaml}\n");
-  EXPECT_EQ(build_detector(load_config(dir + "/run.yaml"), 3)->yaml_file(), dir + "/mine.yaml");
+  EXPECT_EQ(interop::run_model(load_config(dir + "/run.yaml"), 3)->yaml_file(), dir + "/mine.yaml");
   // and a shipped name from anywhere: the source tree's models/ (the installed ones first, see Cli)
-  EXPECT_EQ(build_detector(load_config(dir + "/run.yaml", {"model.file=yolo11s.yaml"}), 3)->parameter_count(), build("yolo11s.yaml", 3)->parameter_count());
+  EXPECT_EQ(interop::run_model(load_config(dir + "/run.yaml", {"model.file=yolo11s.yaml"}), 3)->parameter_count(), build("yolo11s.yaml", 3)->parameter_count());
 }
 
 // SyncBatchNorm's arithmetic: with the statistics of one process it is BatchNorm2d in training

@@ -18,6 +18,7 @@
 #include "headroom/train/trainer.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
+#include "headroom/interop/init_from.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -163,7 +164,7 @@ TEST(Overfit, TinyCenterNet) {
 
 TEST(Weights, RoundTripKeepsTheOutputs) {
   const Config c = load_config("", {"model.file=" + std::string(HEADROOM_SOURCE_DIR) + "/models/yolov8n.yaml"});
-  models::Detector a = models::build_detector(c, 3);
+  models::Detector a = interop::run_model(c, 3);
   a->forward(at::rand({2, 3, 64, 64}));  // BatchNorm statistics away from their init
   a->eval();
   const std::string path = test::temp_dir("weights") + "/w.pt";

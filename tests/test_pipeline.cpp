@@ -9,7 +9,8 @@
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
-#include "headroom/core/pipeline_config.h"
+#include "headroom/data/pipeline_data.h"
+#include "headroom/interop/pipeline_config.h"
 #include "headroom/data/convert.h"
 #include "headroom/data/synth.h"
 #include "headroom/train/schedule.h"
@@ -47,16 +48,16 @@ const std::pair<std::string, std::string> kNoCheckpoint = {
 // average, the seven augmentations with their values, the loss weights.
 TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   const std::string path = pipeline_with("pipeline-map", {kNoCheckpoint});
-  ASSERT_TRUE(is_pipeline_config(path));
-  EXPECT_FALSE(is_pipeline_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml"));
+  ASSERT_TRUE(data::is_pipeline_config(path));
+  EXPECT_FALSE(data::is_pipeline_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml"));
   // A Headroom YAML may open with a flow map; a pipeline's model holds a message.
   const std::string dir = fs::path(path).parent_path().string();
   test::write_bytes(dir + "/flow.yaml", "# mine\nmodel: {file: mine.yaml}\n");
-  EXPECT_FALSE(is_pipeline_config(dir + "/flow.yaml"));
+  EXPECT_FALSE(data::is_pipeline_config(dir + "/flow.yaml"));
   test::write_bytes(dir + "/colon.config", "# theirs\nmodel: {\n  center_net: {\n    num_classes: 1\n  }\n}\n");
-  EXPECT_TRUE(is_pipeline_config(dir + "/colon.config"));
-  const Config p = load_config(path);
-  const Config hand = load_config(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml", {"data.dataset=" + path});
+  EXPECT_TRUE(data::is_pipeline_config(dir + "/colon.config"));
+  const Config p = interop::load_config_file(path);
+  const Config hand = interop::load_config_file(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml", {"data.dataset=" + path});
   const Json jp = config_to_json(p), jh = config_to_json(hand);
   EXPECT_EQ(jp.find("augment")->dump(), jh.find("augment")->dump());
   for (const char* key : {"batch", "nominal_batch", "steps", "optimizer", "lr0", "schedule", "lr_steps", "lr_values",
@@ -72,7 +73,7 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   EXPECT_EQ(p.eval.max_det, 50);
   EXPECT_EQ(p.data.dataset, fs::absolute(path).string());
   // Paths are the pipeline folder's, not the working directory's.
-  const PipelineConfig pc = read_pipeline_config(path);
+  const interop::PipelineConfig pc = interop::read_pipeline_config(path);
   EXPECT_EQ(pc.data.train, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/train.record"});
   EXPECT_EQ(pc.data.val, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/test.record"});
   EXPECT_EQ(pc.data.label_map, fs::path(path).parent_path().string() + "/annotations/label_map.pbtxt");
@@ -87,7 +88,7 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   // use_display_name is read: class/text is matched against name and display_name alike.
   const std::string shown = pipeline_with("pipeline-display", {kNoCheckpoint, {"  label_map_path:", "  use_display_name: true\n  label_map_path:"}});
   std::string shown_notes;
-  for (const auto& n : read_pipeline_config(shown).notes) shown_notes += n + "\n";
+  for (const auto& n : interop::read_pipeline_config(shown).notes) shown_notes += n + "\n";
   EXPECT_NE(shown_notes.find("use_display_name: Headroom matches"), std::string::npos) << shown_notes;
 }
 
@@ -96,14 +97,14 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   // fine_tune_checkpoint: the checkpoint, beside the pipeline; "detection" restores CenterNet's
   // feature extractor, "full" everything, as TF does.
   const std::string as_is = pipeline_with("pipeline-as-is", {});
-  const Config tf = load_config(as_is);
+  const Config tf = interop::load_config_file(as_is);
   EXPECT_EQ(tf.model.init_from,
             fs::path(as_is).parent_path().string() + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0");
   EXPECT_TRUE(tf.model.init_backbone_only);
-  EXPECT_FALSE(load_config(pipeline_with("pipeline-full", {{"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"full\""}}))
+  EXPECT_FALSE(interop::load_config_file(pipeline_with("pipeline-full", {{"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"full\""}}))
                    .model.init_backbone_only);
   std::string e = test::input_error_of([&] {
-    load_config(pipeline_with("pipeline-v1", {{"fine_tune_checkpoint_version: V2", "fine_tune_checkpoint_version: V1"},
+    interop::load_config_file(pipeline_with("pipeline-v1", {{"fine_tune_checkpoint_version: V2", "fine_tune_checkpoint_version: V1"},
                                               {"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"classification\""}}));
   });
   EXPECT_NE(e.find("fine_tune_checkpoint_type 'classification': CenterNet restores 'detection'"), std::string::npos) << e;
@@ -117,7 +118,7 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
                            {"    input_path: \"annotations/test.record\"\n  }\n}", "    input_path: \"annotations/test.record\"\n  }\n}\n"
                                                                                     "graph_rewriter {\n  quantization {\n    delay: 48000\n  }\n}\n"},
                            {"metrics_set: \"coco_detection_metrics\"", "metrics_set: \"pascal_voc_detection_metrics\""}});
-  e = test::input_error_of([&] { load_config(edited); });
+  e = test::input_error_of([&] { interop::load_config_file(edited); });
   EXPECT_NE(e.find("5 fields of this pipeline.config Headroom cannot run"), std::string::npos) << e;
   EXPECT_NE(e.find(":38:26: min_box_overlap_iuo is not read by Headroom; did you mean 'min_box_overlap_iou'?\n"), std::string::npos) << e;
   EXPECT_NE(e.find(":5: feature_extractor type 'resnet_v2_101' is not built by Headroom"), std::string::npos) << e;
@@ -127,7 +128,7 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   EXPECT_NE(e.find("metrics_set 'pascal_voc_detection_metrics'"), std::string::npos) << e;
 
   const std::string broken = pipeline_with("pipeline-syntax", {{"batch_size: 2", "batch_size: two"}});
-  e = test::input_error_of([&] { load_config(broken); });
+  e = test::input_error_of([&] { interop::load_config_file(broken); });
   EXPECT_NE(e.find("pipeline.config:44:"), std::string::npos) << e;
 }
 
@@ -156,7 +157,7 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
       {"constant", "constant_learning_rate {\n learning_rate: 0.003\n }\n }\n", {0, 2500, 4999}, {0.003, 0.003, 0.003}},
   };
   for (const Case& k : cases) {
-    const Config c = load_config(pipeline_with("pipeline-lr-" + k.name, {kNoCheckpoint, {manual_block, k.rate}}));
+    const Config c = interop::load_config_file(pipeline_with("pipeline-lr-" + k.name, {kNoCheckpoint, {manual_block, k.rate}}));
     const train::Schedule schedule(train::trainer_options(c, c10::Device(c10::kCPU)).schedule().total_steps(c.train.steps));
     for (size_t i = 0; i < k.steps.size(); ++i) {
       EXPECT_NEAR(schedule.rates(k.steps[i], false).lr, k.expected[i], 1e-6) << k.name << " step " << k.steps[i];
@@ -165,7 +166,7 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   }
   // momentum_optimizer is SGD with TF's momentum, without Nesterov or weight decay; the moving
   // average, bfloat16 and gradient clipping come along.
-  const Config sgd = load_config(pipeline_with(
+  const Config sgd = interop::load_config_file(pipeline_with(
       "pipeline-sgd", {kNoCheckpoint,
                        {"adam_optimizer {", "momentum_optimizer {\n momentum_optimizer_value: 0.8"},
                        {"      epsilon: 1.0000000116860974e-07\n", ""},
@@ -181,7 +182,7 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   EXPECT_DOUBLE_EQ(sgd.train.clip_grad, 5.0);
   // TF's own refusals, with their lines.
   const std::string e = test::input_error_of([&] {
-    load_config(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 10\n }\n }\n"}}));
+    interop::load_config_file(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 10\n }\n }\n"}}));
   });
   EXPECT_NE(e.find("total_steps 10 leaves no steps to decay after warmup_steps 10"), std::string::npos) << e;
   EXPECT_NE(e.find("warmup_learning_rate exceeds learning_rate_base"), std::string::npos) << e;
@@ -224,7 +225,7 @@ TEST(Pipeline, TheOdApisRmsPropRunsAsTfRunsIt) {
   const std::string adam_block = users_pipeline().substr(users_pipeline().find("adam_optimizer {"),
                                                          users_pipeline().find("    use_moving_average") - users_pipeline().find("adam_optimizer {"));
   for (const Case& k : cases) {
-    const Config c = load_config(pipeline_with("pipeline-rms-" + k.name, {kNoCheckpoint, {adam_block, k.optimizer}}));
+    const Config c = interop::load_config_file(pipeline_with("pipeline-rms-" + k.name, {kNoCheckpoint, {adam_block, k.optimizer}}));
     ASSERT_EQ(c.train.optimizer, "rmsprop");
     train::TrainerOptions o = train::trainer_options(c, c10::Device(c10::kCPU));
     const train::Schedule schedule(o.schedule().total_steps(c.train.steps));
@@ -249,7 +250,7 @@ TEST(Pipeline, ConfigConvertWritesTheConfigItMeans) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string text = test::read_bytes(yaml);
   EXPECT_NE(text.find("lr_steps: [1000, 5000]  # manual_step_learning_rate schedule step (" + path + ":"), std::string::npos) << text;
-  EXPECT_EQ(config_to_json(load_config(yaml)).dump(), config_to_json(load_config(path)).dump());
+  EXPECT_EQ(config_to_json(interop::load_config_file(yaml)).dump(), config_to_json(interop::load_config_file(path)).dump());
 }
 
 // The user's pipeline, pointed at a one-class synthetic set converted to TFRecords, at 64 px and

@@ -9,7 +9,7 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
-#include "headroom/core/record_file.h"
+#include "headroom/data/record_file.h"
 #include "headroom/data/convert.h"
 #include "headroom/data/image.h"
 #include "headroom/data/tfrecord.h"
@@ -40,7 +40,7 @@ Split scan(const std::string& yaml, OnError on_error = OnError::skip, const std:
 }
 
 
-std::vector<RecordSpan> spans_of(const std::string& file) { return RecordReader(file).index().spans; }
+std::vector<data::RecordSpan> spans_of(const std::string& file) { return data::RecordReader(file).index().spans; }
 
 void flip_byte(const std::string& file, int64_t at) {
   std::string bytes = test::read_bytes(file);
@@ -139,7 +139,7 @@ TEST(TfRecord, TensorFlowsRecordsScanWithTheirBoxesClassesAndIds) {
 // a truncated file its last record; each problem names the file and the record's byte offset,
 // and data.on_error=fail stops with that message.
 TEST(TfRecord, DamagedRecordsAreNamedByFileAndByteOffset) {
-  const std::vector<RecordSpan> spans = spans_of(fixture("tf_written.record"));
+  const std::vector<data::RecordSpan> spans = spans_of(fixture("tf_written.record"));
   ASSERT_EQ(spans.size(), 3u);
   const std::string at1 = "tf_written.record: record at byte " + std::to_string(spans[1].offset);
 
@@ -175,7 +175,7 @@ TEST(TfRecord, DamagedRecordsAreNamedByFileAndByteOffset) {
   // A record that decodes but is not an Example, and one whose boxes name an unknown class.
   const std::string odd = test::temp_dir("tfrecord-odd");
   {
-    RecordWriter w(odd + "/odd.record");
+    data::RecordWriter w(odd + "/odd.record");
     w.write("\x0a\x03\xff\xff\xff");  // a field whose length runs past the end
     w.flush();
   }
@@ -201,14 +201,14 @@ TEST(TfRecord, TheIndexIsCachedBesideTheFileAndRebuiltWhenTheFileChanges) {
   std::string text = test::read_bytes(index);
   const std::string header = text.substr(0, text.find('\n') + 1);
   std::string shifted = header;
-  for (const RecordSpan& s : spans_of(file)) shifted += std::to_string(s.offset + 1) + " " + std::to_string(s.length) + "\n";
+  for (const data::RecordSpan& s : spans_of(file)) shifted += std::to_string(s.offset + 1) + " " + std::to_string(s.length) + "\n";
   test::write_bytes(index, shifted);
   const std::string missed = test::input_error_of([&] { scan(dir + "/data.yaml"); });
   EXPECT_NE(missed.find("record at byte 1: bad length CRC"), std::string::npos) << missed;
   // A record appended: the file's size no longer matches the index's key, so it is rebuilt.
   {
-    RecordWriter w(file, int64_t(fs::file_size(file)));
-    w.write(RecordReader(file).read(0));
+    data::RecordWriter w(file, int64_t(fs::file_size(file)));
+    w.write(data::RecordReader(file).read(0));
     w.flush();
   }
   const Split s = scan(dir + "/data.yaml");
@@ -376,7 +376,7 @@ TEST(TfRecord, ExifTurnedImagesKeepTheirBoxesOnTheRightPixels) {
   EXPECT_NEAR(b.y1, 0.25, 1e-6);
   EXPECT_NEAR(b.x2, 0.375, 1e-6);
   EXPECT_NEAR(b.y2, 0.5, 1e-6);
-  const std::string record = RecordReader(dir + "/rec/train.record").read(0);
+  const std::string record = data::RecordReader(dir + "/rec/train.record").read(0);
   // The stored xmin (0.25 = upright y1) and ymin (0.625 = 1 - upright x2) are in the record as floats.
   const float xmin = 0.25f, ymin = 0.625f;
   EXPECT_NE(record.find(std::string(reinterpret_cast<const char*>(&xmin), 4)), std::string::npos);

@@ -21,6 +21,7 @@
 #include "headroom/data/image.h"
 #include "headroom/data/letterbox.h"
 #include "headroom/data/synth.h"
+#include "headroom/interop/init_from.h"
 #include "headroom/memory/governor.h"
 #include "headroom/models/weights.h"
 #include "headroom/train/checkpoints.h"
@@ -130,6 +131,7 @@ TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
       if (cut.micro > 0) {
         auto g = std::make_unique<memory::Governor>(memory::GovernorOptions());
         g->set_micro_batch(cut.micro);
+        t.set_executor(g.get());
         t.register_hook(std::move(g));
       }
       const std::vector<at::Tensor> before = params_of(t.model());
@@ -315,23 +317,21 @@ TEST(Train, CtrlCWritesACheckpointAndSaysHowToResume) {
 
 TEST(Train, InitFromLoadsMatchingTensorsAndListsTheRest) {
   const Config c2 = load_config("", tiny_run({}));
-  models::Detector two = models::build_detector(c2, 2), three = models::build_detector(c2, 3);
+  models::Detector two = interop::run_model(c2, 2), three = interop::run_model(c2, 3);
   const std::string w = test::temp_dir("init-from") + "/two.pt";
   models::save_weights(*two, models::WeightsInfo{{"a", "b"}, {}}, w);
-  const std::vector<std::string> skipped = train::init_from_weights(*three, w);
+  const std::vector<std::string> skipped = interop::init_from_weights(*three, w);
   ASSERT_FALSE(skipped.empty());
   for (const auto& s : skipped) EXPECT_NE(s.find("shape"), std::string::npos) << s;  // only the class convolutions
   EXPECT_LT(skipped.size(), 10u);
   EXPECT_TRUE(at::equal(two->parameters()[0], three->parameters()[0]));
-  EXPECT_THROW(train::init_from_weights(*three, w + ".missing"), InputError);
+  EXPECT_THROW(interop::init_from_weights(*three, w + ".missing"), InputError);
 }
 
 TEST(Train, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
   const Config c = load_config("", tiny_run({"train.steps=50", "train.max_bad_steps=3", "train.ema=false"}));
-  train::TrainerParts parts = parts_for(c, test::temp_dir("nan"));
-  parts.loss = std::make_unique<NanLoss>();
-  train::Trainer t(std::move(parts));
-  train::register_default_hooks(t, c);
+  cli::Run run = run_for(c, test::temp_dir("nan"), [](train::TrainerParts& p) { p.loss = std::make_unique<NanLoss>(); });
+  train::Trainer& t = *run.trainer;
   const std::vector<at::Tensor> before = params_of(t.model());
   t.train();
   EXPECT_TRUE(t.state().stop);
@@ -389,10 +389,9 @@ TEST(Train, ASkippedStepNamesItsCause) {
 TEST(Train, ABurstOfBadStepsBetweenTwoReadsStopsTheRun) {
   const Config c = load_config("", tiny_run({"train.steps=12", "train.batch=8", "train.max_bad_steps=3", "train.log_every=10",
                                              "train.val_every=0"}));
-  train::TrainerParts parts = parts_for(c, test::temp_dir("burst"));
-  parts.loss = std::make_unique<CountingLoss>(5, 7);  // steps 5, 6, 7; 4 steps per epoch, reads at 4 and 8
-  train::Trainer t(std::move(parts));
-  train::register_default_hooks(t, c);
+  // steps 5, 6, 7 are bad; 4 steps per epoch, reads at 4 and 8
+  cli::Run run = run_for(c, test::temp_dir("burst"), [](train::TrainerParts& p) { p.loss = std::make_unique<CountingLoss>(5, 7); });
+  train::Trainer& t = *run.trainer;
   t.train();
   EXPECT_EQ(t.state().step, 8);
   EXPECT_EQ(t.state().exit_code, kExitFailure);
@@ -406,10 +405,9 @@ TEST(Train, ABurstOfBadStepsBetweenTwoReadsStopsTheRun) {
 TEST(Train, EpochMeansCoverEveryStep) {
   const std::string dir = test::temp_dir("means");
   const Config c = load_config("", tiny_run({"train.steps=8", "train.batch=8", "train.log_every=3", "train.val_every=0"}));
-  train::TrainerParts parts = parts_for(c, dir);
-  parts.loss = std::make_unique<CountingLoss>();  // step k's loss is k: one loader batch per step
-  train::Trainer t(std::move(parts));
-  train::register_default_hooks(t, c);
+  // step k's loss is k: one loader batch per step
+  cli::Run run = run_for(c, dir, [](train::TrainerParts& p) { p.loss = std::make_unique<CountingLoss>(); });
+  train::Trainer& t = *run.trainer;
   t.train();
   const auto [header, rows] = train::read_csv(dir + "/results.csv");
   ASSERT_EQ(rows.size(), 2u);
@@ -471,17 +469,18 @@ TEST(Train, AnImageThatDisappearsMidRunIsSkippedOrNamed) {
   }
 }
 
-// A shorter `make demo`: the demo config (its augmentations included) on half the synthetic set
-// for the same 10 epochs, 200 steps, learns the shapes: AP50 0.077 on LibTorch 1.13 and 0.098 on
-// 2.11 (deterministic per build on the CPU, which the test pins: on an H200 the same 200 steps
-// scored 0.017-0.121 over seeds and precisions), where an untrained model scores 0.000 and the full demo 0.72.
+// `make demo` without its warmup: the demo config (its augmentations included) on the demo's
+// 800 synthetic images for 10 epochs, 400 steps, learns the shapes. Over seeds 0, 1 and 2 on the
+// CPU (LibTorch 1.13) it reached val AP50 0.163, 0.192 and 0.245, where an untrained model scores
+// 0.000; the bound sits under every seed's result. (Half of it, 200 steps, scored 0.017-0.121
+// over seeds on an H200: too short to hold to anything.)
 // The progress line's memory and the governor's agree: both are the step's peak from the run's
 // monitor.
 TEST(Train, DemoConfigLearnsTheShapes) {
   const std::string dir = test::temp_dir("demo");
   data::SynthOptions o;
   o.out = dir + "/data";
-  o.images = 400;
+  o.images = 800;
   o.size = 160;
   o.seed = 3;
   o.threads = 2;
@@ -494,8 +493,8 @@ TEST(Train, DemoConfigLearnsTheShapes) {
   ASSERT_EQ(rows.size(), 10u);
   const size_t ap50 = size_t(std::find(header.begin(), header.end(), "metrics/AP50") - header.begin());
   ASSERT_LT(ap50, header.size());
-  std::printf("demo (short): AP50 %.3f after %g steps\n", rows.back()[ap50], rows.back()[1]);
-  EXPECT_GE(rows.back()[ap50], 0.06);
+  std::printf("demo without warmup: AP50 %.3f after %g steps\n", rows.back()[ap50], rows.back()[1]);
+  EXPECT_GE(rows.back()[ap50], 0.10);
   EXPECT_LT(rows.back()[2], rows.front()[2]);  // the box loss fell
   EXPECT_NE(r.output.find("Average Precision"), std::string::npos);  // the val table
   std::smatch logged, governed;
@@ -508,8 +507,8 @@ TEST(Train, DemoConfigLearnsTheShapes) {
 TEST(Train, YoloV5AndCenterNetTrainToo) {
   for (const char* model : {"yolov5n.yaml", "centernet_csp.yaml"}) {
     const Config c = load_config("", tiny_run({"train.steps=2", "train.val_every=0"}, model));
-    train::Trainer t(parts_for(c, test::temp_dir(std::string("family-") + model)));
-    train::register_default_hooks(t, c);
+    cli::Run run = run_for(c, test::temp_dir(std::string("family-") + model));
+    train::Trainer& t = *run.trainer;
     t.train();
     EXPECT_EQ(t.state().step, 2) << model;
     EXPECT_EQ(t.counters().skipped_steps, 0) << model;

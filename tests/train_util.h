@@ -11,11 +11,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "headroom/cli/run.h"
 #include "headroom/core/config.h"
 #include "headroom/losses/loss.h"
 #include "headroom/memory/monitor.h"
@@ -86,6 +88,15 @@ inline train::TrainerParts parts_for(const Config& c, const std::string& dir) {
   train::TrainerParts p = train::make_trainer_parts(c, c10::Device(c10::kCPU), dir);
   p.monitor = memory::make_memory_monitor(c10::Device(c10::kCPU));
   return p;
+}
+
+// The run `trainer train` builds from `c` (cli::build_run: the governor runs its steps, the
+// default hooks), in `dir`; `adjust` changes its parts (a test's loss).
+inline cli::Run run_for(const Config& c, const std::string& dir, std::function<void(train::TrainerParts&)> adjust = {}) {
+  cli::RunOptions o;
+  o.run_dir = dir;
+  o.adjust = std::move(adjust);
+  return cli::build_run(c, c10::Device(c10::kCPU), o);
 }
 
 // A config file holding `overrides` (what `trainer train --config` reads).

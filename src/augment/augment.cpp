@@ -8,6 +8,7 @@
 
 #include "headroom/core/device_constant.h"
 #include "headroom/core/random.h"
+#include "augment_internal.h"
 
 namespace headroom::augment {
 namespace {
@@ -97,8 +98,6 @@ Map flip(const at::Tensor& on_x, const at::Tensor& on_y, double size) {
   return {m, m};
 }
 
-at::Tensor col(const at::Tensor& t, int64_t i) { return t.select(-1, i); }
-
 // Per image, the first crop of kCropAttempts that fits the content and holds at least
 // min_object_covered of some box (any crop when there are none); TF's
 // sample_distorted_bounding_box. Returns [B, 4] xyxy and whether one was found.
@@ -129,36 +128,6 @@ std::pair<at::Tensor, at::Tensor> sample_crops(const TfCrop& o, Draws& d, const 
 
 at::Tensor where4(const at::Tensor& cond, const at::Tensor& a, const at::Tensor& b) { return at::where(cond.unsqueeze(1), a, b); }
 
-// The bounding box of the part of each convex quadrilateral [.., 4, 2] inside [0, size]^2:
-// of its corners inside the square, the square's corners inside it, and the crossings of its
-// edges with the square's sides. Clipping the corner box instead would keep the full width of
-// a rotated box whose widest corner lies outside the image.
-at::Tensor visible_bbox(const at::Tensor& q, double size) {
-  const at::Tensor a = q, b = q.roll(-1, -2);  // edges a -> b
-  const auto in_range = [&](const at::Tensor& v) { return (v >= -1e-3) & (v <= size + 1e-3); };
-  std::vector<at::Tensor> pts{q}, ok{in_range(q.select(-1, 0)) & in_range(q.select(-1, 1))};
-  // square corners inside the quadrilateral: on the same side of all four edges
-  const at::Tensor sq = device_constant({0, 0, 1, 0, 1, 1, 0, 1}, q.scalar_type(), q.device()).view({4, 2}) * size;
-  const at::Tensor e = (b - a).unsqueeze(-2), r = sq - a.unsqueeze(-2);  // [.., 4 edges, 4 corners, 2]
-  const at::Tensor cross = e.select(-1, 0) * r.select(-1, 1) - e.select(-1, 1) * r.select(-1, 0);
-  pts.push_back(sq.expand(q.sizes()));
-  ok.push_back((cross >= 0).all(-2) | (cross <= 0).all(-2));
-  // edges crossing the lines x = 0, x = size, y = 0, y = size
-  for (int64_t axis = 0; axis < 2; ++axis)
-    for (const double c : {0.0, size}) {
-      const at::Tensor da = a.select(-1, axis), db = b.select(-1, axis);
-      const at::Tensor denom = db - da;
-      const at::Tensor t = (c - da) / at::where(denom.abs() > 1e-9, denom, at::ones_like(denom));
-      const at::Tensor point = a + (b - a) * t.unsqueeze(-1);
-      pts.push_back(point);
-      ok.push_back((denom.abs() > 1e-9) & (t >= 0) & (t <= 1) & in_range(point.select(-1, 1 - axis)));
-    }
-  const at::Tensor all = at::cat(pts, -2).clamp(0, size), valid = at::cat(ok, -1).unsqueeze(-1);
-  const at::Tensor big = at::full({1}, 1e9, q.options());
-  const at::Tensor lo = std::get<0>(at::where(valid, all, big).min(-2)), hi = std::get<0>(at::where(valid, all, -big).max(-2));
-  return at::where(valid.any(-2), at::cat({lo, hi}, -1), at::zeros({1}, q.options()));
-}
-
 }  // namespace
 
 bool enabled(const AugmentOptions& o) {
@@ -173,29 +142,56 @@ uint64_t epoch_key(int64_t seed, int64_t epoch) {
   return mix_seed(mix_seed(static_cast<uint64_t>(seed) ^ 0x6175676d656e74ULL) + static_cast<uint64_t>(epoch));
 }
 
-Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
-  const int64_t B = in.images.size(0), S = in.images.size(2);
-  const auto fopt = in.images.options().dtype(at::kFloat);
-  const at::Tensor zero = at::zeros({B}, fopt), one = at::ones({B}, fopt);
-  const at::Tensor off = at::zeros({B}, fopt.dtype(at::kBool));
-  const at::Tensor self = at::arange(B, fopt.dtype(at::kLong));
-  Draws d(in.sample_ids, in.key);
-  Params p;
-  p.in_size = S;
-  p.out_size = in.out_size;
-  const at::Tensor valid = in.classes >= 0;  // [B, N]
+namespace {
 
-  // Mosaic: the image and three others of the batch in a 2x2 tile canvas, the canvas centre
-  // at (xc, yc) uniform in [S/2, 3S/2] (Ultralytics' mosaic border).
+// The batch-wide values every stage of draw_params starts from.
+struct BatchConsts {
+  int64_t B, S;
+  at::TensorOptions fopt;             // float, on the images' device
+  at::Tensor zero, one, off, self;    // [B]: 0, 1, false, the image's own batch index
+};
+
+BatchConsts batch_consts(const DrawInputs& in) {
+  BatchConsts c;
+  c.B = in.images.size(0), c.S = in.images.size(2);
+  c.fopt = in.images.options().dtype(at::kFloat);
+  c.zero = at::zeros({c.B}, c.fopt), c.one = at::ones({c.B}, c.fopt);
+  c.off = at::zeros({c.B}, c.fopt.dtype(at::kBool));
+  c.self = at::arange(c.B, c.fopt.dtype(at::kLong));
+  return c;
+}
+
+// Whether this batch makes mosaics at all, and each mosaic canvas's centre, [B] pixels each.
+struct MosaicCentre {
+  bool on;
+  at::Tensor xc, yc;
+};
+
+// Mosaic: the image and three others of the batch in a 2x2 tile canvas, the canvas centre
+// at (xc, yc) uniform in [S/2, 3S/2] (Ultralytics' mosaic border). Sets tiles, mosaic and sources.
+MosaicCentre draw_mosaic(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c, Draws& d, Params& p) {
+  const int64_t B = c.B, S = c.S;
+  const at::Tensor& self = c.self;
   const bool mosaic_on = in.mosaic && o.mosaic > 0 && B > 0;
   p.tiles = mosaic_on ? 4 : 1;
   const at::Tensor mosaic_draw = d.chance(o.mosaic);
-  p.mosaic = mosaic_on ? mosaic_draw : off;
+  p.mosaic = mosaic_on ? mosaic_draw : c.off;
   const at::Tensor others = at::remainder(self.unsqueeze(1) + 1 + (d.take(3) * std::max<int64_t>(B - 1, 1)).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0)), std::max<int64_t>(B, 1));
   p.sources = mosaic_on ? at::cat({self.unsqueeze(1), others}, 1) : self.unsqueeze(1);
   const at::Tensor xc = d.uniform(0.5 * S, 1.5 * S), yc = d.uniform(0.5 * S, 1.5 * S);
+  return {mosaic_on, xc, yc};
+}
 
-  // TF random_crop_image, then random_absolute_pad_image, inside the image's letterbox content.
+// The part of each image kept (`window`) and the padded frame around it (`view`), [B, 4] xyxy
+// input pixels each; `cropped` [B] marks the images whose TF crop was taken.
+struct TfWindow {
+  at::Tensor cropped, window, view;
+};
+
+// TF random_crop_image, then random_absolute_pad_image, inside the image's letterbox content.
+TfWindow draw_tf_crop_and_pad(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c, const at::Tensor& valid,
+                              Draws& d, const Params& p) {
+  const at::Tensor& off = c.off;
   const TfCrop& crop = o.random_crop_image;
   const TfPad& pad = o.random_absolute_pad_image;
   at::Tensor cropped = off;
@@ -219,28 +215,42 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
     view = where4(on, padded, window);
   }
   const bool tf_geometry = crop.enabled || pad.enabled;
-  const at::Tensor canvas = (device_constant({0, 0, 1, 1}, at::kFloat, fopt.device()) * double(S)).expand({B, 4});
+  const at::Tensor canvas = (device_constant({0, 0, 1, 1}, at::kFloat, c.fopt.device()) * double(c.S)).expand({c.B, 4});
   if (!tf_geometry) window = view = canvas;  // the loader's letterbox is the picture
+  return {cropped, window, view};
+}
+
+// The colour between the window and the edge of the view, [B, 3] in 0..255.
+at::Tensor pad_colour_of(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c) {
+  const int64_t B = c.B, S = c.S;
+  const auto& fopt = c.fopt;
+  const TfPad& pad = o.random_absolute_pad_image;
   if (pad.enabled && pad.pad_color.empty()) {  // TF pads with the image's mean colour
     const at::Tensor xs = at::arange(S, fopt) + 0.5f;
     const at::Tensor inside_x = (xs >= col(in.content, 0).unsqueeze(1)) & (xs < col(in.content, 2).unsqueeze(1));  // [B, S]
     const at::Tensor inside_y = (xs >= col(in.content, 1).unsqueeze(1)) & (xs < col(in.content, 3).unsqueeze(1));
     const at::Tensor m = (inside_y.unsqueeze(2) & inside_x.unsqueeze(1)).to(at::kFloat).unsqueeze(1);  // [B, 1, S, S]
-    p.pad_colour = (in.images.to(at::kFloat) * m).sum({2, 3}) / m.sum({2, 3}).clamp_min(1);
-  } else if (pad.enabled) {
-    p.pad_colour = device_constant(pad.pad_color, at::kFloat, fopt.device()).expand({B, 3});
-  } else {
-    p.pad_colour = at::full({B, 3}, o.fill, fopt);
+    return (in.images.to(at::kFloat) * m).sum({2, 3}) / m.sum({2, 3}).clamp_min(1);
   }
+  if (pad.enabled) return device_constant(pad.pad_color, at::kFloat, fopt.device()).expand({B, 3});
+  return at::full({B, 3}, o.fill, fopt);
+}
 
-  // Into an S x S frame centred on the picture: the mosaic canvas centre, or the view fitted
-  // (keeping its aspect) to the canvas.
+// Into an S x S frame centred on the picture: the mosaic canvas centre, or the view fitted
+// (keeping its aspect) to the canvas. Sets the window, view, pad colour and box rules of p;
+// returns the map from the input (tile canvas) to the frame.
+Map place_in_frame(const AugmentOptions& o, const BatchConsts& c, const MosaicCentre& mc, TfWindow tf, Params& p) {
+  const int64_t B = c.B, S = c.S;
+  const auto& fopt = c.fopt;
+  const at::Tensor &xc = mc.xc, &yc = mc.yc;
+  at::Tensor &window = tf.window, &view = tf.view;
+  const TfCrop& crop = o.random_crop_image;
   const at::Tensor vw = col(view, 2) - col(view, 0), vh = col(view, 3) - col(view, 1);
   const at::Tensor k = S / at::maximum(vw, vh).clamp_min(1);
   const Map fit = translate(-col(view, 0), -col(view, 1)).then(scale(k)).then(translate((S - k * vw) / 2, (S - k * vh) / 2));
   const Map place = translate(xc - 1.5 * S, yc - 1.5 * S);  // tile canvas -> mosaic canvas -> S-frame
   Map frame{at::where(p.mosaic.view({-1, 1, 1}), place.m, fit.m), at::where(p.mosaic.view({-1, 1, 1}), place.inv, fit.inv)};
-  if (mosaic_on) {  // the mosaic canvas is [0, 2S) around (xc, yc); beyond it lies grey
+  if (mc.on) {  // the mosaic canvas is [0, 2S) around (xc, yc); beyond it lies grey
     const at::Tensor mw = at::stack({1.5 * S - xc, 1.5 * S - yc, 3.5 * S - xc, 3.5 * S - yc}, 1) - 0.5 * S;
     const at::Tensor tiles = device_constant({0, 0, 2, 2}, at::kFloat, fopt.device()) * double(S);
     const at::Tensor mwin = at::cat({at::maximum(mw.narrow(1, 0, 2), tiles.narrow(0, 0, 2)), at::minimum(mw.narrow(1, 2, 2), tiles.narrow(0, 2, 2))}, 1);
@@ -250,10 +260,17 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
   }
   p.window = window;
   p.view = view;
-  p.clip_to_window = crop.clip_boxes ? at::ones({B}, fopt.dtype(at::kBool)) : cropped.logical_not();
-  p.min_visible = at::where(cropped, at::full({B}, crop.overlap_thresh, fopt), at::full({B}, o.box_min_visible, fopt));
+  p.clip_to_window = crop.clip_boxes ? at::ones({B}, fopt.dtype(at::kBool)) : tf.cropped.logical_not();
+  p.min_visible = at::where(tf.cropped, at::full({B}, crop.overlap_thresh, fopt), at::full({B}, o.box_min_visible, fopt));
+  return frame;
+}
 
-  // Ultralytics' random_perspective about the frame centre: M = T @ Shear @ R @ P @ C.
+// Ultralytics' random_perspective about the frame centre: M = T @ Shear @ R @ P @ C. Sets the matrix
+// and its inverse: the whole input -> output map, frame and flips included.
+void draw_perspective(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c, const Map& frame, Draws& d,
+                      Params& p) {
+  const int64_t S = c.S;
+  const at::Tensor &zero = c.zero, &one = c.one;
   const at::Tensor aff = d.chance(o.affine_p).to(at::kFloat);
   const at::Tensor deg = d.uniform(-o.degrees, o.degrees) * aff, sc = 1 + d.uniform(-o.scale, o.scale) * aff;
   const at::Tensor shx = d.uniform(-o.shear, o.shear) * aff, shy = d.uniform(-o.shear, o.shear) * aff;
@@ -271,16 +288,25 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
                     .then(scale(one * (double(in.out_size) / S)));
   p.matrix = m.m;
   p.inverse = m.inv;
+}
 
-  // Mixup with another image of the batch, ratio ~ Beta(32, 32) (normal approximation, sd 0.062).
+// Mixup with another image of the batch, ratio ~ Beta(32, 32) (normal approximation, sd 0.062).
+void draw_mixup(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c, Draws& d, Params& p) {
+  const int64_t B = c.B;
+  const at::Tensor& self = c.self;
   p.any_mixup = in.mosaic && o.mixup > 0 && B > 1;
-  const at::Tensor mix = d.chance(o.mixup) & (p.any_mixup ? at::ones({B}, fopt.dtype(at::kBool)) : off);
+  const at::Tensor mix = d.chance(o.mixup) & (p.any_mixup ? at::ones({B}, c.fopt.dtype(at::kBool)) : c.off);
   p.mix_partner = at::where(mix, at::remainder(self + 1 + (d.next() * std::max<int64_t>(B - 1, 1)).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0)), std::max<int64_t>(B, 1)), self);
   const at::Tensor u1 = d.next(), u2 = d.next();
   const at::Tensor normal = at::sqrt(-2 * at::log(u1)) * at::cos(2 * kPi * u2);
-  p.mix_ratio = at::where(mix, (0.5 + normal * std::sqrt(1.0 / 260)).clamp(0, 1), one);
+  p.mix_ratio = at::where(mix, (0.5 + normal * std::sqrt(1.0 / 260)).clamp(0, 1), c.one);
+}
 
-  // Colour: TF's ops and Ultralytics' HSV gains (both may be on; they multiply).
+// Colour: TF's ops and Ultralytics' HSV gains (both may be on; they multiply).
+void draw_colour(const AugmentOptions& o, const BatchConsts& c, Draws& d, Params& p) {
+  const int64_t B = c.B;
+  const auto& fopt = c.fopt;
+  const at::Tensor& off = c.off;
   const auto gated = [&](bool enabled, double prob) { return (d.chance(prob) & (enabled ? at::ones({B}, fopt.dtype(at::kBool)) : off)).to(at::kFloat); };
   const TfDelta& br = o.random_adjust_brightness;
   p.brightness = d.uniform(-br.max_delta, br.max_delta) * gated(br.enabled, br.probability);
@@ -296,172 +322,27 @@ Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
   p.value = 1 + d.uniform(-o.hsv_v, o.hsv_v) * hsv_on;
   p.any_contrast = ct.enabled || br.enabled;
   p.any_hsv = hu.enabled || sa.enabled || o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0;
+}
+
+}  // namespace
+
+// The stages draw in this order, each from the next slots of `d`: reordering them would change every
+// later parameter.
+Params draw_params(const AugmentOptions& o, const DrawInputs& in) {
+  const BatchConsts c = batch_consts(in);
+  Draws d(in.sample_ids, in.key);
+  Params p;
+  p.in_size = c.S;
+  p.out_size = in.out_size;
+  const at::Tensor valid = in.classes >= 0;  // [B, N]
+  const MosaicCentre mosaic = draw_mosaic(o, in, c, d, p);
+  const TfWindow tf = draw_tf_crop_and_pad(o, in, c, valid, d, p);
+  p.pad_colour = pad_colour_of(o, in, c);
+  const Map frame = place_in_frame(o, c, mosaic, tf, p);
+  draw_perspective(o, in, c, frame, d, p);
+  draw_mixup(o, in, c, d, p);
+  draw_colour(o, c, d, p);
   return p;
-}
-
-namespace {
-
-// Images [b0, b0 + n) of the warp. `source` is the batch [B, C, S, S], or for mosaics the batch
-// as one tall image [1, C, B*S, S], so that every output pixel samples its own tile's image in
-// a single grid_sample; coordinates are clamped to the source image so bilinear taps never
-// reach a neighbour.
-at::Tensor warp_images(const Params& p, const at::Tensor& source, int64_t b0, int64_t n, double fill, const at::Tensor& pad_colour) {
-  const int64_t S = p.in_size, So = p.out_size, C = source.size(1);
-  const auto fopt = source.options();
-  // Output pixel centres -> source points, [n, So*So] each.
-  const at::Tensor r = at::arange(So, fopt) + 0.5f;
-  const at::Tensor pts = at::stack({r.repeat({So}), r.repeat_interleave(So), at::ones({So * So}, fopt)});  // [3, So*So]
-  const at::Tensor src = at::matmul(p.inverse.narrow(0, b0, n), pts);  // [n, 3, So*So]
-  const at::Tensor w = src.select(1, 2);
-  const at::Tensor sx = src.select(1, 0) / w, sy = src.select(1, 1) / w;
-  const auto inside = [&](const at::Tensor& box) {
-    const at::Tensor b = box.narrow(0, b0, n);
-    return ((sx >= col(b, 0).unsqueeze(1)) & (sx < col(b, 2).unsqueeze(1)) & (sy >= col(b, 1).unsqueeze(1)) &
-            (sy < col(b, 3).unsqueeze(1)) & (w > 0)).view({n, 1, So, So});
-  };
-  at::Tensor out;
-  if (p.tiles == 4) {
-    const at::Tensor tx = (sx >= S).to(at::kLong), ty = (sy >= S).to(at::kLong);
-    const at::Tensor img = p.sources.narrow(0, b0, n).gather(1, tx + 2 * ty).to(at::kFloat);
-    const at::Tensor lx = (sx - tx.to(at::kFloat) * S).clamp(0.5, S - 0.5), ly = (sy - ty.to(at::kFloat) * S).clamp(0.5, S - 0.5);
-    const double rows = double(source.size(2));
-    const at::Tensor grid = at::stack({lx * (2.0 / S) - 1, (img * S + ly) * (2.0 / rows) - 1}, -1).view({1, n * So, So, 2});
-    out = at::grid_sampler(source, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false).view({C, n, So, So}).transpose(0, 1);
-  } else {
-    const at::Tensor grid = (at::stack({sx.clamp(0.5, S - 0.5), sy.clamp(0.5, S - 0.5)}, -1) * (2.0 / S) - 1).view({n, So, So, 2});
-    out = at::grid_sampler(source.narrow(0, b0, n), grid, 0, 0, false);
-  }
-  const at::Tensor outside = at::full({1}, fill, fopt);
-  const at::Tensor pad = pad_colour.defined() ? pad_colour.narrow(0, b0, n).to(at::kFloat).view({n, C, 1, 1}) : outside;
-  return at::where(inside(p.window), out, at::where(inside(p.view), pad, outside));
-}
-
-// Runs fn(b0, n) over the batch in pieces and concatenates the results. On the CPU the pieces
-// hold ~16 MB of output, so the temporaries are reused from the heap instead of being fresh
-// (page-faulting) mappings; on CUDA the whole batch is one piece.
-template <class F>
-at::Tensor in_chunks(const at::Tensor& like, int64_t batch, int64_t bytes_per_image, F&& fn) {
-  const int64_t chunk = like.is_cuda() ? batch : std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(bytes_per_image, 1));
-  if (chunk >= batch) return fn(0, batch);
-  std::vector<at::Tensor> parts;
-  for (int64_t b0 = 0; b0 < batch; b0 += chunk) parts.push_back(fn(b0, std::min(chunk, batch - b0)));
-  return at::cat(parts);
-}
-
-}  // namespace
-
-at::Tensor warp_reference(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
-  const int64_t B = images.size(0), C = images.size(1), S = p.in_size;
-  const at::Tensor x = images.to(at::kFloat);
-  const at::Tensor source = p.tiles == 4 ? x.transpose(0, 1).reshape({1, C, B * S, S}) : x;
-  return in_chunks(images, B, C * p.out_size * p.out_size * 4,
-                   [&](int64_t b0, int64_t n) { return warp_images(p, source, b0, n, fill, pad_colour); });
-}
-
-namespace {
-
-// warp_reference's arithmetic in one pass per output pixel (no full-size temporaries; reads the
-// uint8 images directly): on the CPU, memory traffic is what the tensor-op version spends.
-template <class T>
-void warp_cpu(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour, at::Tensor& out) {
-  const int64_t B = out.size(0), C = out.size(1), So = out.size(2), S = p.in_size, P = So * So;
-  const at::Tensor inv_t = p.inverse.to(at::kFloat).contiguous(), win_t = p.window.to(at::kFloat).contiguous();
-  const at::Tensor view_t = p.view.to(at::kFloat).contiguous(), src_t = p.sources.contiguous();
-  const at::Tensor pad_t = pad_colour.defined() ? pad_colour.to(at::kFloat).contiguous() : at::full({B, C}, fill);
-  const float *inv = inv_t.data_ptr<float>(), *win = win_t.data_ptr<float>(), *view = view_t.data_ptr<float>(), *pad = pad_t.data_ptr<float>();
-  const int64_t* sources = src_t.data_ptr<int64_t>();
-  const T* in = images.data_ptr<T>();
-  float* o = out.data_ptr<float>();
-  const float lo = 0.5f, hi = float(S) - 0.5f, fillv = float(fill);
-  at::parallel_for(0, B * So, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / So, v = row % So;
-      const float* m = inv + 9 * b;
-      const float* wb = win + 4 * b;
-      const float* vb = view + 4 * b;
-      const float py = float(v) + 0.5f;
-      for (int64_t u = 0; u < So; ++u) {
-        const float px = float(u) + 0.5f;
-        const float w = m[6] * px + m[7] * py + m[8];
-        const float sx = (m[0] * px + m[1] * py + m[2]) / w, sy = (m[3] * px + m[4] * py + m[5]) / w;
-        float* dst = o + b * C * P + v * So + u;
-        const bool in_view = sx >= vb[0] && sx < vb[2] && sy >= vb[1] && sy < vb[3] && w > 0;
-        const bool in_window = sx >= wb[0] && sx < wb[2] && sy >= wb[1] && sy < wb[3] && w > 0;
-        if (!in_window) {
-          for (int64_t c = 0; c < C; ++c) dst[c * P] = in_view ? pad[b * C + c] : fillv;
-          continue;
-        }
-        int64_t img = b;
-        float lx = sx, ly = sy;
-        if (p.tiles == 4) {
-          const int64_t tx = sx >= S, ty = sy >= S;
-          img = sources[b * 4 + tx + 2 * ty];
-          lx -= float(tx * S), ly -= float(ty * S);
-        }
-        const float ix = std::clamp(lx, lo, hi) - 0.5f, iy = std::clamp(ly, lo, hi) - 0.5f;
-        const int64_t x0 = int64_t(ix), y0 = int64_t(iy);  // ix, iy >= 0: truncation is floor
-        const int64_t x1 = std::min<int64_t>(x0 + 1, S - 1), y1 = std::min<int64_t>(y0 + 1, S - 1);
-        const float fx = ix - float(x0), fy = iy - float(y0);
-        const T* base = in + img * C * S * S;
-        for (int64_t c = 0; c < C; ++c) {
-          const T* plane = base + c * S * S;
-          const float top = float(plane[y0 * S + x0]) * (1 - fx) + float(plane[y0 * S + x1]) * fx;
-          const float bottom = float(plane[y1 * S + x0]) * (1 - fx) + float(plane[y1 * S + x1]) * fx;
-          dst[c * P] = top * (1 - fy) + bottom * fy;
-        }
-      }
-    }
-  });
-}
-
-}  // namespace
-
-at::Tensor warp(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
-  if (!images.device().is_cpu()) return warp_reference(p, images, fill, pad_colour);
-  const at::Tensor x = images.contiguous();
-  at::Tensor out = at::empty({x.size(0), x.size(1), p.out_size, p.out_size}, x.options().dtype(at::kFloat));
-  if (x.scalar_type() == at::kByte)
-    warp_cpu<uint8_t>(p, x, fill, pad_colour, out);
-  else
-    warp_cpu<float>(p, x.to(at::kFloat), fill, pad_colour, out);
-  return out;
-}
-
-WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tensor& boxes, const at::Tensor& classes,
-                       const at::Tensor& crowd) {
-  const int64_t S = p.in_size;
-  std::vector<at::Tensor> bs, cs, ws;
-  for (int64_t t = 0; t < p.tiles; ++t) {
-    const at::Tensor src = p.sources.select(1, t);
-    const float ox = float(S * (t % 2)), oy = float(S * (t / 2));
-    bs.push_back(boxes.index_select(0, src) + device_constant({ox, oy, ox, oy}, boxes.scalar_type(), boxes.device()));
-    const at::Tensor used = t == 0 ? at::ones_like(p.mosaic) : p.mosaic;
-    cs.push_back(at::where(used.unsqueeze(1), classes.index_select(0, src), at::full({1}, -1, classes.options())));
-    ws.push_back(crowd.index_select(0, src));
-  }
-  const at::Tensor b = at::cat(bs, 1), cls = at::cat(cs, 1);  // [B, M, 4], [B, M]
-  const at::Tensor win = p.window.unsqueeze(1);
-  const at::Tensor clipped = at::where(p.clip_to_window.view({-1, 1, 1}),
-                                       at::cat({at::maximum(b.narrow(2, 0, 2), win.narrow(2, 0, 2)), at::minimum(b.narrow(2, 2, 2), win.narrow(2, 2, 2))}, 2), b);
-  // Corners through the matrices: [B, M, 4, 2] in cyclic order (a convex quadrilateral).
-  const auto quad = [&](const at::Tensor& x) {
-    const at::Tensor x1 = col(x, 0), y1 = col(x, 1), x2 = col(x, 2), y2 = col(x, 3), one = at::ones_like(x1);
-    const at::Tensor corners = at::stack({at::stack({x1, y1, one}, -1), at::stack({x2, y1, one}, -1), at::stack({x2, y2, one}, -1),
-                                          at::stack({x1, y2, one}, -1)}, 2);
-    const at::Tensor q = at::matmul(corners, p.matrix.transpose(1, 2).unsqueeze(1));  // [B, M, 4, 3]
-    return q.narrow(3, 0, 2) / q.narrow(3, 2, 1);
-  };
-  const at::Tensor qb = quad(b);
-  const at::Tensor full = at::cat({std::get<0>(qb.min(-2)), std::get<0>(qb.max(-2))}, -1);
-  const at::Tensor out = visible_bbox(quad(clipped), double(p.out_size));
-  const at::Tensor w = col(out, 2) - col(out, 0), h = col(out, 3) - col(out, 1);
-  const at::Tensor full_area = ((col(full, 2) - col(full, 0)) * (col(full, 3) - col(full, 1))).clamp_min(1e-9);
-  const at::Tensor aspect = at::maximum(w / (h + 1e-9), h / (w + 1e-9));
-  // Clipped-empty boxes (x2 <= x1 before the transform) come out with no area and are dropped.
-  const at::Tensor nonempty = (col(clipped, 2) > col(clipped, 0)) & (col(clipped, 3) > col(clipped, 1));
-  const at::Tensor keep = (cls >= 0) & nonempty & (w > o.box_min_size) & (h > o.box_min_size) &
-                          (w * h / full_area > p.min_visible.unsqueeze(1)) & (aspect < o.box_max_aspect);
-  return {out, cls, at::cat(ws, 1), keep};
 }
 
 at::Tensor shift_hsv_reference(const at::Tensor& x, const at::Tensor& hue_shift, const at::Tensor& sat_gain, const at::Tensor& val_gain) {

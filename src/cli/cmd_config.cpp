@@ -2,7 +2,8 @@
 
 #include "commands.h"
 #include "headroom/core/files.h"
-#include "headroom/core/pipeline_config.h"
+#include "headroom/data/pipeline_data.h"
+#include "headroom/interop/pipeline_config.h"
 
 namespace headroom::cli {
 
@@ -15,10 +16,10 @@ CLI::App* add_convert(CLI::App& config, int& exit_code) {
   cmd->add_option("pipeline", pipeline, "The pipeline.config")->required();
   cmd->add_option("-o,--out", out, "YAML to write (omitted: print it)");
   cmd->callback([&exit_code] {
-    if (!is_pipeline_config(pipeline))
+    if (!data::is_pipeline_config(pipeline))
       throw InputError(pipeline + ": not a TF OD API pipeline config (protobuf text starting with model { ... })");
-    const PipelineConfig p = read_pipeline_config(pipeline);
-    const std::string yaml = pipeline_to_yaml(p, pipeline);
+    const interop::PipelineConfig p = interop::read_pipeline_config(pipeline);
+    const std::string yaml = interop::pipeline_to_yaml(p, pipeline);
     load_run_config(pipeline, {});  // what `trainer train --config` would refuse is refused here too
     if (out.empty()) {
       std::printf("%s", yaml.c_str());

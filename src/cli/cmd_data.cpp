@@ -13,6 +13,7 @@
 #include "headroom/data/synth.h"
 #include "headroom/models/detector.h"
 #include "headroom/train/plots.h"
+#include "headroom/interop/init_from.h"
 
 namespace headroom::cli {
 
@@ -38,14 +39,8 @@ void add_synth(CLI::App& data, int& exit_code) {
     o.threads = available_cores();
     const data::SynthSummary s = data::synthesize(o);
     if (json) {
-      Json j = Json::object();
-      j["data_yaml"] = s.data_yaml;
-      j["coco_yaml"] = s.coco_yaml;
-      j["train_images"] = s.train_images;
-      j["val_images"] = s.val_images;
-      j["boxes"] = s.boxes;
-      j["reused"] = s.reused;
-      print_json(j);
+      print_json(Json::object({{"data_yaml", s.data_yaml}, {"coco_yaml", s.coco_yaml}, {"train_images", s.train_images},
+                               {"val_images", s.val_images}, {"boxes", s.boxes}, {"reused", s.reused}}));
     } else {
       std::printf("%s %lld train + %lld val images, %lld boxes\n  YOLO layout: %s\n  COCO JSON:   %s\n",
                   s.reused ? "up to date:" : "wrote", (long long)s.train_images, (long long)s.val_images,
@@ -141,7 +136,7 @@ void add_preview(CLI::App& data, int& exit_code) {
     if (!device.warning.empty()) spdlog::warn("{}", device.warning);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     // The input multiple (for multi-scale sizes) is the model's; building it is only needed then.
-    const int64_t multiple = c.augment.multi_scale > 0 ? models::build_detector(c, int64_t(split->names.size()))->info().input_multiple : 32;
+    const int64_t multiple = c.augment.multi_scale > 0 ? interop::run_model(c, int64_t(split->names.size()))->info().input_multiple : 32;
     const augment::Augmenter aug(augment::augmenter_options(c, multiple, c.train.epochs));
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/true, device.device.is_cuda()));
     loader.start(epoch, 0);

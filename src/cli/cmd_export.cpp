@@ -2,8 +2,8 @@
 
 #include "commands.h"
 #include "headroom/core/logging.h"
-#include "headroom/models/onnx_export.h"
-#include "headroom/models/weights_import.h"
+#include "headroom/interop/onnx_export.h"
+#include "headroom/interop/weights_import.h"
 
 namespace headroom::cli {
 
@@ -24,14 +24,14 @@ void add_export_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--batch", batch, "ONNX: the static batch size")->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");
   cmd->callback([&exit_code] {
-    models::LoadedWeights w = models::load_any_weights(weights, c10::Device(c10::kCPU));
+    models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
     const std::string target = out.empty() ? fs::path(weights).replace_extension("." + format).string() : out;
     std::error_code ec;
     if (fs::equivalent(target, weights, ec)) throw InputError(target + ": is the input weights file; choose another --out");
     if (format == "onnx")
-      models::export_onnx(*w.model, w.info, target, models::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half));
+      interop::export_onnx(*w.model, w.info, target, interop::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half));
     else
-      models::save_safetensors_weights(*w.model, w.info, target, half);
+      interop::save_safetensors_weights(*w.model, w.info, target, half);
     spdlog::info("exported {} ({} parameters, {} classes) to {}", weights, w.model->parameter_count(), w.model->info().nc, target);
     std::printf("%s\n", target.c_str());
     exit_code = kExitOk;

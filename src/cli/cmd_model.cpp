@@ -4,6 +4,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/data/dataset.h"
 #include "headroom/models/detector.h"
+#include "headroom/interop/init_from.h"
 
 namespace headroom::cli {
 
@@ -30,7 +31,7 @@ void add_model_command(CLI::App& app, int& exit_code) {
       const data::DataSpec spec = data::read_data_yaml(c.data.dataset);
       if (!spec.names.empty()) classes = static_cast<int64_t>(spec.names.size());
     }
-    models::Detector d = models::build_detector(c, classes);
+    models::Detector d = interop::run_model(c, classes);
     if (imgsz < 1 || imgsz % d->info().input_multiple != 0)
       throw InputError("--imgsz " + std::to_string(imgsz) + " must be a positive multiple of " +
                        std::to_string(d->info().input_multiple) + " for this model");

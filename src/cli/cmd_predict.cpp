@@ -13,11 +13,50 @@
 #include "headroom/eval/draw.h"
 #include "headroom/eval/postprocess.h"
 #include "headroom/eval/validate.h"
-#include "headroom/models/weights_import.h"
+#include "headroom/interop/weights_import.h"
 
 namespace headroom::cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The source as a label-free split: the scan checks every image (and skips broken ones).
+std::shared_ptr<const data::Split> source_split(const Config& c, const std::string& source, std::vector<std::string> names) {
+  data::DataSpec spec;
+  spec.file = source;
+  spec.names = std::move(names);
+  data::SplitSource src;
+  src.images = {source};
+  src.where = "--source";
+  spec.splits.emplace_back("predict", src);
+  data::ScanOptions so;
+  so.max_pixels = c.data.max_pixels;
+  so.threads = std::max(1, resolve_workers(c.data.workers));
+  return std::make_shared<const data::Split>(data::scan_split(spec, "predict", so));
+}
+
+// One image's detections ([N, 6] rows: x1 y1 x2 y2 score class, original pixels) drawn into a
+// JPEG in out_dir, and as an entry of predictions.json.
+Json write_prediction(const Config& c, const data::Sample& s, const std::vector<std::array<float, 6>>& rows,
+                      const std::vector<std::string>& names, const std::string& out_dir) {
+  const std::string bytes = read_file(s.image);
+  data::Image img = data::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), c.data.max_pixels);
+  eval::draw_detections(img, rows, names);
+  const std::string out = (fs::path(out_dir) / (fs::path(s.image).stem().string() + ".jpg")).string();
+  const auto jpeg = data::encode_jpeg(img, 95);
+  write_file_atomic(out, std::string(jpeg.begin(), jpeg.end()));
+  Json dets = Json::array();
+  for (const auto& r : rows) {
+    Json box = Json::array();
+    for (int k = 0; k < 4; ++k) box.push_back(std::round(double(r[size_t(k)]) * 10) / 10);
+    dets.push_back(Json::object({{"box", std::move(box)}, {"class", int(r[5])}, {"name", names[size_t(r[5])]},
+                                 {"score", std::round(double(r[4]) * 1e4) / 1e4}}));
+  }
+  return Json::object({{"image", s.image}, {"width", s.width}, {"height", s.height}, {"detections", std::move(dets)}});
+}
+
+}  // namespace
 
 void add_predict_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("predict", "Detect objects in images; write them with boxes drawn, and a JSON of the detections");
@@ -36,22 +75,12 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     if (conf < 0 || conf > 1) throw InputError("predict: --conf must be in [0, 1]");
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
-    models::LoadedWeights w = models::load_any_weights(weights, device);
+    models::LoadedWeights w = interop::load_any_weights(weights, device);
     models::DetectorImpl& model = *w.model;
     model.eval();
-
-    // The source as a label-free split: the scan checks every image (and skips broken ones).
-    data::DataSpec spec;
-    spec.file = source;
-    spec.names = w.info.names.empty() ? std::vector<std::string>(size_t(model.info().nc), "") : w.info.names;
-    data::SplitSource src;
-    src.images = {source};
-    src.where = "--source";
-    spec.splits.emplace_back("predict", src);
-    data::ScanOptions so;
-    so.max_pixels = c.data.max_pixels;
-    so.threads = std::max(1, resolve_workers(c.data.workers));
-    auto split = std::make_shared<const data::Split>(data::scan_split(spec, "predict", so));
+    const std::vector<std::string> names =
+        w.info.names.empty() ? std::vector<std::string>(size_t(model.info().nc), "") : w.info.names;
+    const auto split = source_split(c, source, names);
 
     const std::string out_dir = save_dir.empty() ? create_run_dir(c.project, "predict", false) : save_dir;
     fs::create_directories(out_dir);
@@ -69,29 +98,8 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     while (auto batch = loader.next()) {
       const auto rows = eval::to_original_pixels(eval::decode(model.info(), model.forward(eval::model_input(batch->images, device)), d), batch->meta);
       for (size_t b = 0; b < rows.size(); ++b) {
-        const data::Sample& s = split->samples[size_t(batch->meta[b].index)];
-        const std::string bytes = read_file(s.image);
-        data::Image img = data::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), c.data.max_pixels);
-        eval::draw_detections(img, rows[b], spec.names);
-        const std::string out = (fs::path(out_dir) / (fs::path(s.image).stem().string() + ".jpg")).string();
-        const auto jpeg = data::encode_jpeg(img, 95);
-        write_file_atomic(out, std::string(jpeg.begin(), jpeg.end()));
-        Json entry = Json::object(), dets = Json::array();
-        entry["image"] = s.image;
-        entry["width"] = s.width;
-        entry["height"] = s.height;
-        for (const auto& r : rows[b]) {
-          Json det = Json::object(), box = Json::array();
-          for (int k = 0; k < 4; ++k) box.push_back(std::round(double(r[size_t(k)]) * 10) / 10);
-          det["box"] = box;
-          det["class"] = int(r[5]);
-          det["name"] = spec.names[size_t(r[5])];
-          det["score"] = std::round(double(r[4]) * 1e4) / 1e4;
-          dets.push_back(std::move(det));
-        }
+        results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir));
         detections += int64_t(rows[b].size());
-        entry["detections"] = dets;
-        results.push_back(std::move(entry));
       }
     }
     const std::string json_path = (fs::path(out_dir) / "predictions.json").string();

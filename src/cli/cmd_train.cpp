@@ -58,108 +58,144 @@ Config resume_config(const std::string& checkpoint, const std::string& run_dir, 
   }
 }
 
+
+// The command's options (static in add_train_command: CLI11 binds them by reference).
+struct TrainArgs {
+  std::string config_path, resume;
+  std::vector<std::string> overrides;
+  int nproc = 1;
+};
+
+// Returns --resume, whose count says whether it was given.
+CLI::Option* add_train_options(CLI::App& cmd, TrainArgs& a) {
+  cmd.add_option("--config,-c", a.config_path, "Run config (YAML)");
+  cmd.add_option("--nproc", a.nproc,
+                 "Local worker processes training together (one per GPU, or CPU processes on Gloo); torchrun's "
+                 "environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is honoured without it")
+      ->check(CLI::Range(1, 4096));
+  cmd.add_option("overrides", a.overrides, "key=value config overrides");
+  return cmd.add_option("--resume", a.resume,
+                        "Continue a run: a checkpoint file, or auto (the newest loadable checkpoint of "
+                        "project/name*; the default when the flag has no value)")
+      ->expected(0, 1);
+}
+
+// --nproc N: runs this command line, without --nproc, in N local worker processes; their exit code.
+int launch_local_workers(int nproc, const dist::WorldInfo& world) {
+  if (world.distributed())
+    throw InputError("--nproc " + std::to_string(nproc) + " inside a distributed launch (WORLD_SIZE=" + std::to_string(world.world) +
+                     "): drop --nproc; torchrun already started the workers");
+  std::vector<std::string> args;  // this command line, without --nproc
+  const std::vector<std::string>& all = program_args();
+  for (size_t i = 1; i < all.size(); ++i) {
+    if (all[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (all[i].rfind("--nproc=", 0) == 0) continue;
+    args.push_back(all[i]);
+  }
+  return dist::launch_local(all.front(), args, dist::LaunchOptions().nproc(nproc));
+}
+
+// What --resume continues: the checkpoint and the run directory it lives in.
+struct ResumePoint {
+  std::string checkpoint, run_dir;
+  std::vector<std::string> overrides;  // all but project= and name= (those only find the run)
+};
+
+ResumePoint find_resume_point(TrainArgs& a) {
+  // `--resume name=x` : the flag takes no path there, the word is an override.
+  if (a.resume.find('=') != std::string::npos && !fs::exists(a.resume)) {
+    a.overrides.push_back(a.resume);
+    a.resume.clear();
+  }
+  ResumePoint r;
+  std::vector<std::string> location;
+  for (const auto& o : a.overrides) (kRunLocation.count(key_of(o)) ? location : r.overrides).push_back(o);
+  const Config base = load_run_config(a.config_path, location);  // project and name as given, else the config's
+  if (a.resume.empty() || a.resume == "auto") {
+    r.checkpoint = train::find_resume_checkpoint(base.project, base.name);
+    if (r.checkpoint.empty())
+      throw InputError("--resume auto: no loadable checkpoint under " + (fs::path(base.project) / (base.name + "*")).string() +
+                       "/weights; start the run without --resume");
+  } else {
+    r.checkpoint = a.resume;
+  }
+  const fs::path weights_dir = fs::absolute(r.checkpoint).parent_path();
+  if (weights_dir.filename() != "weights")
+    throw InputError(r.checkpoint + ": --resume continues a run in its own directory, so it takes a checkpoint in "
+                     "<project>/<name>/weights/; to start a new run from these weights, use model.init_from=" + r.checkpoint);
+  r.run_dir = weights_dir.parent_path().string();
+  if (!a.resume.empty() && a.resume != "auto" && !location.empty() &&
+      fs::weakly_canonical(fs::path(base.project) / base.name) != fs::weakly_canonical(r.run_dir))
+    throw InputError("--resume " + r.checkpoint + " continues the run in " + r.run_dir + ", not in " +
+                     (fs::path(base.project) / base.name).string() + "; drop project=/name=, or resume with --resume auto "
+                     "to pick that run's newest checkpoint");
+  return r;
+}
+
+// The run's device; in a distributed run on CUDA, this rank's GPU (cuda:LOCAL_RANK).
+c10::Device rank_device(const Config& c, const dist::WorldInfo& world) {
+  c10::Device device = run_device(c);
+  if (world.distributed() && device.is_cuda()) {
+    if (c.device != "auto" && c.device != "cuda")
+      throw InputError(c.where("device") + ": device " + c.device + " on " + std::to_string(world.world) + " processes: each rank "
+                       "takes cuda:LOCAL_RANK; set device=cuda (or auto)");
+    const size_t gpus = query_cuda().devices.size();
+    if (size_t(world.local_rank) >= gpus)  // NCCL cannot put two ranks on one GPU
+      throw InputError("rank " + std::to_string(world.rank) + " takes cuda:" + std::to_string(world.local_rank) + ", but this machine has " +
+                       std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") + ": start at most " + std::to_string(gpus) +
+                       (gpus == 1 ? " process" : " processes") + " per machine (--nproc), or train on the CPU with device=cpu");
+    device = c10::Device(c10::kCUDA, c10::DeviceIndex(world.local_rank));
+  }
+  return device;
+}
+
+// The train command's work once parsed; returns the process exit code.
+int run_train(TrainArgs& a, bool resuming) {
+  const dist::WorldInfo world = dist::world_from_env();
+  if (a.nproc > 1) return launch_local_workers(a.nproc, world);
+  if (world.distributed() && world.rank > 0) {
+    // Rank 0 speaks for the run; the others report warnings and errors only, with their rank.
+    spdlog::default_logger()->set_pattern("%^%L%$ %H:%M:%S [rank " + std::to_string(world.rank) + "] %v");
+  }
+  Config c;
+  std::string checkpoint, run_dir;
+  if (resuming) {
+    const ResumePoint r = find_resume_point(a);
+    checkpoint = r.checkpoint;
+    run_dir = r.run_dir;
+    c = resume_config(checkpoint, run_dir, r.overrides);
+    if (world.rank == 0) add_log_file((fs::path(run_dir) / "train.log").string());
+  } else {
+    if (a.config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
+    c = load_run_config(a.config_path, a.overrides);
+  }
+  if (world.rank > 0 && spdlog::default_logger()->level() < spdlog::level::warn) spdlog::default_logger()->set_level(spdlog::level::warn);
+  const c10::Device device = rank_device(c, world);
+  memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
+  std::shared_ptr<dist::Group> group;
+  if (world.distributed())
+    group = std::make_shared<dist::Group>(world, dist::GroupOptions().backend(c.distributed.backend).timeout(c.distributed.timeout),
+                                          device);
+  cli::RunOptions options;
+  options.run_dir = run_dir;
+  options.checkpoint = checkpoint;
+  options.group = group;
+  Run run = build_run(std::move(c), device, std::move(options));
+  train::install_interrupt_handler();
+  run.trainer->train();
+  return run.trainer->state().exit_code;
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("train", "Train a detector (the default: `trainer --config C` means `trainer train --config C`)");
-  static std::string config_path, resume;
-  static std::vector<std::string> overrides;
-  static int nproc = 1;
-  cmd->add_option("--config,-c", config_path, "Run config (YAML)");
-  cmd->add_option("--nproc", nproc,
-                  "Local worker processes training together (one per GPU, or CPU processes on Gloo); torchrun's "
-                  "environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is honoured without it")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("overrides", overrides, "key=value config overrides");
-  auto* resume_opt = cmd->add_option("--resume", resume,
-                                     "Continue a run: a checkpoint file, or auto (the newest loadable checkpoint of "
-                                     "project/name*; the default when the flag has no value)")
-                         ->expected(0, 1);
-  cmd->callback([&exit_code, resume_opt] {
-    const dist::WorldInfo world = dist::world_from_env();
-    if (nproc > 1) {
-      if (world.distributed())
-        throw InputError("--nproc " + std::to_string(nproc) + " inside a distributed launch (WORLD_SIZE=" + std::to_string(world.world) +
-                         "): drop --nproc; torchrun already started the workers");
-      std::vector<std::string> args;  // this command line, without --nproc
-      const std::vector<std::string>& all = program_args();
-      for (size_t i = 1; i < all.size(); ++i) {
-        if (all[i] == "--nproc") {
-          ++i;
-          continue;
-        }
-        if (all[i].rfind("--nproc=", 0) == 0) continue;
-        args.push_back(all[i]);
-      }
-      exit_code = dist::launch_local(all.front(), args, dist::LaunchOptions().nproc(nproc));
-      return;
-    }
-    if (world.distributed() && world.rank > 0) {
-      // Rank 0 speaks for the run; the others report warnings and errors only, with their rank.
-      spdlog::default_logger()->set_pattern("%^%L%$ %H:%M:%S [rank " + std::to_string(world.rank) + "] %v");
-    }
-    Config c;
-    std::string checkpoint, run_dir;
-    if (resume_opt->count() > 0) {
-      // `--resume name=x` : the flag takes no path there, the word is an override.
-      if (resume.find('=') != std::string::npos && !fs::exists(resume)) {
-        overrides.push_back(resume);
-        resume.clear();
-      }
-      std::vector<std::string> location, rest;
-      for (const auto& o : overrides) (kRunLocation.count(key_of(o)) ? location : rest).push_back(o);
-      const Config base = load_run_config(config_path, location);  // project and name as given, else the config's
-      if (resume.empty() || resume == "auto") {
-        checkpoint = train::find_resume_checkpoint(base.project, base.name);
-        if (checkpoint.empty())
-          throw InputError("--resume auto: no loadable checkpoint under " + (fs::path(base.project) / (base.name + "*")).string() +
-                           "/weights; start the run without --resume");
-      } else {
-        checkpoint = resume;
-      }
-      const fs::path weights_dir = fs::absolute(checkpoint).parent_path();
-      if (weights_dir.filename() != "weights")
-        throw InputError(checkpoint + ": --resume continues a run in its own directory, so it takes a checkpoint in "
-                         "<project>/<name>/weights/; to start a new run from these weights, use model.init_from=" + checkpoint);
-      run_dir = weights_dir.parent_path().string();
-      if (!resume.empty() && resume != "auto" && !location.empty() &&
-          fs::weakly_canonical(fs::path(base.project) / base.name) != fs::weakly_canonical(run_dir))
-        throw InputError("--resume " + checkpoint + " continues the run in " + run_dir + ", not in " +
-                         (fs::path(base.project) / base.name).string() + "; drop project=/name=, or resume with --resume auto "
-                         "to pick that run's newest checkpoint");
-      c = resume_config(checkpoint, run_dir, rest);
-      if (world.rank == 0) add_log_file((fs::path(run_dir) / "train.log").string());
-    } else {
-      if (config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
-      c = load_run_config(config_path, overrides);
-    }
-    if (world.rank > 0 && spdlog::default_logger()->level() < spdlog::level::warn) spdlog::default_logger()->set_level(spdlog::level::warn);
-    c10::Device device = run_device(c);
-    if (world.distributed() && device.is_cuda()) {
-      if (c.device != "auto" && c.device != "cuda")
-        throw InputError(c.where("device") + ": device " + c.device + " on " + std::to_string(world.world) + " processes: each rank "
-                         "takes cuda:LOCAL_RANK; set device=cuda (or auto)");
-      const size_t gpus = query_cuda().devices.size();
-      if (size_t(world.local_rank) >= gpus)  // NCCL cannot put two ranks on one GPU
-        throw InputError("rank " + std::to_string(world.rank) + " takes cuda:" + std::to_string(world.local_rank) + ", but this machine has " +
-                         std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") + ": start at most " + std::to_string(gpus) +
-                         (gpus == 1 ? " process" : " processes") + " per machine (--nproc), or train on the CPU with device=cpu");
-      device = c10::Device(c10::kCUDA, c10::DeviceIndex(world.local_rank));
-    }
-    memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
-    std::shared_ptr<dist::Group> group;
-    if (world.distributed())
-      group = std::make_shared<dist::Group>(world, dist::GroupOptions().backend(c.distributed.backend).timeout(c.distributed.timeout),
-                                            device);
-    cli::RunOptions options;
-    options.run_dir = run_dir;
-    options.checkpoint = checkpoint;
-    options.group = group;
-    Run run = build_run(std::move(c), device, std::move(options));
-    train::install_interrupt_handler();
-    run.trainer->train();
-    exit_code = run.trainer->state().exit_code;
-  });
+  static TrainArgs args;
+  CLI::Option* resume_opt = add_train_options(*cmd, args);
+  cmd->callback([&exit_code, resume_opt] { exit_code = run_train(args, resume_opt->count() > 0); });
 }
 
 }  // namespace headroom::cli

@@ -8,7 +8,7 @@
 #include "headroom/data/dataset.h"
 #include "headroom/eval/coco_eval.h"
 #include "headroom/eval/validate.h"
-#include "headroom/models/weights_import.h"
+#include "headroom/interop/weights_import.h"
 
 namespace headroom::cli {
 
@@ -40,7 +40,7 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (weights.empty()) throw InputError("val: give --weights W (and --config C), or --gt G.json --results R.json");
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
-    models::LoadedWeights w = models::load_any_weights(weights, device);
+    models::LoadedWeights w = interop::load_any_weights(weights, device);
     auto split = std::make_shared<const data::Split>(data::load_split(c, split_name));
     if (split->names.size() != size_t(w.model->info().nc))
       throw InputError(weights + ": the model has " + std::to_string(w.model->info().nc) + " classes but " + c.data.dataset +

@@ -8,11 +8,12 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 #include "headroom/dist/launch.h"
+#include "headroom/interop/pipeline_config.h"
 
 namespace headroom::cli {
 
 Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Config c = load_config(path, overrides);
+  Config c = interop::load_config_file(path, overrides);
   spdlog::default_logger()->set_level(spdlog::level::from_str(c.log.level));
   set_intra_op_threads(c.threads);
   return c;

@@ -80,11 +80,11 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
     governor->set_micro_batch(micro);
     trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
   }
-  const int64_t per_step = trainer.options().batch() * trainer.world() * trainer.accumulate();
+  const int64_t per_step = trainer.batch() * trainer.world() * trainer.accumulate();
   if (per_step != c.train.nominal_batch)
     spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
                  "divides it, or train.batch=auto, makes it exact)",
-                 trainer.options().batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
+                 trainer.batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
                  trainer.accumulate(), per_step, c.train.nominal_batch);
   trainer.set_executor(run.governor);
   trainer.register_hook(std::move(governor));

@@ -29,4 +29,9 @@ uint32_t reflected_crc(const void* data, size_t size) {
 uint32_t crc32(const void* data, size_t size) { return reflected_crc<0xEDB88320u>(data, size); }
 uint32_t crc32c(const void* data, size_t size) { return reflected_crc<0x82F63B78u>(data, size); }
 
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
 }  // namespace headroom

@@ -1,5 +1,4 @@
 #include "headroom/core/config.h"
-#include "headroom/core/pipeline_config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -210,19 +209,10 @@ std::string Config::where(const std::string& key) const {
   return it == origin.end() ? "default " + key : it->second;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Config c;
-  c.source = path;
-  Loader loader(c);
-  if (!path.empty() && is_pipeline_config(path)) {
-    const PipelineConfig pipeline = read_pipeline_config(path);
-    for (const PipelineSetting& s : pipeline.settings) loader.apply(s.key, s.value, s.where);
-    static std::set<std::string> said;  // a run loads its config more than once: each note once
-    for (const std::string& n : pipeline.notes)
-      if (said.insert(n).second) spdlog::info("{}", n);
-  } else if (!path.empty()) {
-    loader.load_file(path);
-  }
+namespace {
+
+// The overrides, then the checks of the whole: every problem collected and thrown together.
+Config finish(Config& c, Loader& loader, const std::vector<std::string>& overrides) {
   for (const auto& o : overrides) loader.apply_override(o);
   std::vector<std::string> problems = loader.problems();
   if (problems.empty()) check_combinations(c, problems);
@@ -235,6 +225,24 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw InputError(msg);
   }
   return c;
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  c.source = path;
+  Loader loader(c);
+  if (!path.empty()) loader.load_file(path);
+  return finish(c, loader, overrides);
+}
+
+Config load_config(const std::string& source, const std::vector<ConfigSetting>& settings, const std::vector<std::string>& overrides) {
+  Config c;
+  c.source = source;
+  Loader loader(c);
+  for (const ConfigSetting& s : settings) loader.apply(s.key, s.value, s.where);
+  return finish(c, loader, overrides);
 }
 
 namespace {

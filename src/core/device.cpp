@@ -99,24 +99,15 @@ DeviceChoice resolve_device(const std::string& spec, const CudaStatus& cuda) {
 }
 
 Json cuda_status_json(const CudaStatus& s) {
-  Json j = Json::object();
-  j["built"] = s.built;
-  j["available"] = s.available;
-  if (!s.reason.empty()) j["reason"] = s.reason;
-  j["runtime_version"] = s.runtime_version;
-  j["cudnn"] = s.cudnn;
-  j["cudnn_version"] = s.cudnn_version;
+  Json::Members m = {{"built", s.built}, {"available", s.available}};
+  if (!s.reason.empty()) m.emplace_back("reason", s.reason);
   Json devices = Json::array();
-  for (const auto& d : s.devices) {
-    Json dj = Json::object();
-    dj["index"] = d.index;
-    dj["name"] = d.name;
-    dj["total_memory"] = d.total_memory;
-    dj["compute_capability"] = std::to_string(d.major) + "." + std::to_string(d.minor);
-    devices.push_back(std::move(dj));
-  }
-  j["devices"] = std::move(devices);
-  return j;
+  for (const auto& d : s.devices)
+    devices.push_back(Json::object({{"index", d.index}, {"name", d.name}, {"total_memory", d.total_memory},
+                                    {"compute_capability", std::to_string(d.major) + "." + std::to_string(d.minor)}}));
+  m.insert(m.end(), {{"runtime_version", s.runtime_version}, {"cudnn", s.cudnn}, {"cudnn_version", s.cudnn_version},
+                     {"devices", std::move(devices)}});
+  return Json::object(std::move(m));
 }
 
 }  // namespace headroom

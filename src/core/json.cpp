@@ -20,6 +20,12 @@ Json Json::object() {
   return j;
 }
 
+Json Json::object(Members members) {
+  Json j = object();
+  j.members_ = std::move(members);
+  return j;
+}
+
 const Json* Json::find(std::string_view key) const {
   for (const auto& [k, v] : members_)
     if (k == key) return &v;

@@ -22,18 +22,10 @@ const Json& require(const Json& obj, const char* key, Json::Type type, const std
   return *v;
 }
 
-}  // namespace
-
-CocoData read_coco(const std::string& json_path, const std::string& image_dir,
-                   const std::vector<std::string>& names) {
-  const Json root = read_json_file(json_path);
-  if (!root.is_object())
-    throw InputError(json_path + ": a COCO instances file is a JSON object with images, annotations, categories");
-  const Json& images = require(root, "images", Json::Type::Array, json_path, "a COCO instances file");
-  const Json& categories = require(root, "categories", Json::Type::Array, json_path, "a COCO instances file");
-
-  CocoData out;
-  // Categories -> contiguous classes: by id order, or by name when the YAML lists names.
+// Categories -> contiguous classes: by id order, or by name when the YAML lists names. Fills out.names and
+// out.category_ids; returns the class of each category id.
+std::unordered_map<int, int> map_categories(const Json& categories, const std::vector<std::string>& names,
+                                            const std::string& json_path, CocoData& out) {
   std::vector<std::pair<int, std::string>> cats;
   for (const Json& c : categories.items()) {
     const Json* id = c.find("id");
@@ -64,7 +56,13 @@ CocoData read_coco(const std::string& json_path, const std::string& image_dir,
       out.category_ids[static_cast<size_t>(cls)] = id;
     }
   }
+  return class_of;
+}
 
+// One sample per valid image entry, skipping (and reporting) malformed and duplicate ones. Returns the sample index
+// of each image id.
+std::unordered_map<int64_t, size_t> read_images(const Json& images, const std::string& image_dir,
+                                                const std::string& json_path, CocoData& out) {
   std::unordered_map<int64_t, size_t> sample_of;
   out.listed_images = static_cast<int64_t>(images.size());
   for (const Json& im : images.items()) {
@@ -90,64 +88,85 @@ CocoData read_coco(const std::string& json_path, const std::string& image_dir,
     }
     out.samples.push_back(std::move(s));
   }
+  return sample_of;
+}
+
+// Adds one annotation's box to its sample. A bad annotation marks its image corrupt; one for an unknown image
+// or with zero area is only reported.
+void read_annotation(const Json& a, const std::string& json_path, const std::unordered_map<int64_t, size_t>& sample_of,
+                     const std::unordered_map<int, int>& class_of, CocoData& out) {
+  const std::string where = format_location(json_path, a.line());
+  const Json* image_id = a.find("image_id");
+  const auto it = image_id && image_id->is_number() ? sample_of.find(static_cast<int64_t>(image_id->as_number()))
+                                                    : sample_of.end();
+  if (it == sample_of.end()) {
+    out.problems.push_back({ProblemKind::bad_label, where, "annotation for an image id that is not in \"images\"; ignored", false});
+    return;
+  }
+  Sample& s = out.samples[it->second];
+  auto bad = [&](const std::string& msg) {
+    out.problems.push_back({ProblemKind::bad_label, where, msg + "; image " + s.image + " skipped", true});
+    out.corrupt[it->second] = true;
+  };
+  const Json* cat = a.find("category_id");
+  const auto cls = cat && cat->is_number() ? class_of.find(static_cast<int>(cat->as_number())) : class_of.end();
+  if (cls == class_of.end()) {
+    bad("category_id is missing or not one of \"categories\"");
+    return;
+  }
+  const Json* bbox = a.find("bbox");
+  if (!bbox || !bbox->is_array() || bbox->size() != 4 ||
+      !std::all_of(bbox->items().begin(), bbox->items().end(),
+                   [](const Json& v) { return v.is_number() && std::isfinite(v.as_number()); })) {
+    bad("bbox must be [x, y, width, height], four finite numbers in pixels");
+    return;
+  }
+  const double x = bbox->items()[0].as_number(), y = bbox->items()[1].as_number();
+  const double bw = bbox->items()[2].as_number(), bh = bbox->items()[3].as_number();
+  const double W = s.width, H = s.height;
+  const double tol_x = std::max(1.0, kCoordTolerance * W), tol_y = std::max(1.0, kCoordTolerance * H);
+  if (bw < 0 || bh < 0 || x < -tol_x || y < -tol_y || x + bw > W + tol_x || y + bh > H + tol_y) {
+    bad("bbox [" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(bw) + ", " +
+        std::to_string(bh) + "] lies outside the " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+        " image (COCO boxes are x, y, width, height in pixels)");
+    return;
+  }
+  Box b;
+  b.x1 = static_cast<float>(std::clamp(x / W, 0.0, 1.0));
+  b.y1 = static_cast<float>(std::clamp(y / H, 0.0, 1.0));
+  b.x2 = static_cast<float>(std::clamp((x + bw) / W, 0.0, 1.0));
+  b.y2 = static_cast<float>(std::clamp((y + bh) / H, 0.0, 1.0));
+  b.cls = cls->second;
+  const Json* crowd = a.find("iscrowd");
+  b.crowd = crowd && crowd->is_number() && crowd->as_number() != 0;
+  const Json* area = a.find("area");
+  b.area = area && area->is_number() ? static_cast<float>(area->as_number()) : 0.f;
+  if (b.x2 <= b.x1 || b.y2 <= b.y1) {
+    out.problems.push_back({ProblemKind::zero_area_box, where, "zero-area box dropped", false});
+    return;
+  }
+  s.boxes.push_back(b);
+}
+
+}  // namespace
+
+CocoData read_coco(const std::string& json_path, const std::string& image_dir,
+                   const std::vector<std::string>& names) {
+  const Json root = read_json_file(json_path);
+  if (!root.is_object())
+    throw InputError(json_path + ": a COCO instances file is a JSON object with images, annotations, categories");
+  const Json& images = require(root, "images", Json::Type::Array, json_path, "a COCO instances file");
+  const Json& categories = require(root, "categories", Json::Type::Array, json_path, "a COCO instances file");
+
+  CocoData out;
+  const std::unordered_map<int, int> class_of = map_categories(categories, names, json_path, out);
+  const std::unordered_map<int64_t, size_t> sample_of = read_images(images, image_dir, json_path, out);
   out.corrupt.assign(out.samples.size(), false);
 
   const Json* anns = root.find("annotations");
   if (!anns) return out;  // image-info files (test-dev) carry no annotations
   if (!anns->is_array()) throw InputError(format_location(json_path, anns->line()) + ": \"annotations\" must be an array");
-  for (const Json& a : anns->items()) {
-    const std::string where = format_location(json_path, a.line());
-    const Json* image_id = a.find("image_id");
-    const auto it = image_id && image_id->is_number() ? sample_of.find(static_cast<int64_t>(image_id->as_number()))
-                                                      : sample_of.end();
-    if (it == sample_of.end()) {
-      out.problems.push_back({ProblemKind::bad_label, where, "annotation for an image id that is not in \"images\"; ignored", false});
-      continue;
-    }
-    Sample& s = out.samples[it->second];
-    auto bad = [&](const std::string& msg) {
-      out.problems.push_back({ProblemKind::bad_label, where, msg + "; image " + s.image + " skipped", true});
-      out.corrupt[it->second] = true;
-    };
-    const Json* cat = a.find("category_id");
-    const auto cls = cat && cat->is_number() ? class_of.find(static_cast<int>(cat->as_number())) : class_of.end();
-    if (cls == class_of.end()) {
-      bad("category_id is missing or not one of \"categories\"");
-      continue;
-    }
-    const Json* bbox = a.find("bbox");
-    if (!bbox || !bbox->is_array() || bbox->size() != 4 ||
-        !std::all_of(bbox->items().begin(), bbox->items().end(),
-                     [](const Json& v) { return v.is_number() && std::isfinite(v.as_number()); })) {
-      bad("bbox must be [x, y, width, height], four finite numbers in pixels");
-      continue;
-    }
-    const double x = bbox->items()[0].as_number(), y = bbox->items()[1].as_number();
-    const double bw = bbox->items()[2].as_number(), bh = bbox->items()[3].as_number();
-    const double W = s.width, H = s.height;
-    const double tol_x = std::max(1.0, kCoordTolerance * W), tol_y = std::max(1.0, kCoordTolerance * H);
-    if (bw < 0 || bh < 0 || x < -tol_x || y < -tol_y || x + bw > W + tol_x || y + bh > H + tol_y) {
-      bad("bbox [" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(bw) + ", " +
-          std::to_string(bh) + "] lies outside the " + std::to_string(s.width) + "x" + std::to_string(s.height) +
-          " image (COCO boxes are x, y, width, height in pixels)");
-      continue;
-    }
-    Box b;
-    b.x1 = static_cast<float>(std::clamp(x / W, 0.0, 1.0));
-    b.y1 = static_cast<float>(std::clamp(y / H, 0.0, 1.0));
-    b.x2 = static_cast<float>(std::clamp((x + bw) / W, 0.0, 1.0));
-    b.y2 = static_cast<float>(std::clamp((y + bh) / H, 0.0, 1.0));
-    b.cls = cls->second;
-    const Json* crowd = a.find("iscrowd");
-    b.crowd = crowd && crowd->is_number() && crowd->as_number() != 0;
-    const Json* area = a.find("area");
-    b.area = area && area->is_number() ? static_cast<float>(area->as_number()) : 0.f;
-    if (b.x2 <= b.x1 || b.y2 <= b.y1) {
-      out.problems.push_back({ProblemKind::zero_area_box, where, "zero-area box dropped", false});
-      continue;
-    }
-    s.boxes.push_back(b);
-  }
+  for (const Json& a : anns->items()) read_annotation(a, json_path, sample_of, class_of, out);
   return out;
 }
 

@@ -11,12 +11,12 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
-#include "headroom/core/pipeline_config.h"
 #include "headroom/core/text.h"
 #include "headroom/core/threads.h"
 #include "headroom/core/yaml_file.h"
 #include "headroom/data/image.h"
 #include "headroom/data/labels.h"
+#include "headroom/data/pipeline_data.h"
 #include "headroom/data/tfrecord.h"
 
 namespace headroom::data {
@@ -135,7 +135,13 @@ namespace {
 
 // The input readers of a TF OD API pipeline.config: TFRecord splits and their label map.
 DataSpec data_spec_of_pipeline(const std::string& path) {
-  const PipelineData p = read_pipeline_config(path).data;
+  std::vector<std::string> problems;
+  const PipelineData p = pipeline_data(*parse_pipeline(path), problems);
+  if (!problems.empty()) {
+    std::string msg = path + ": its input readers cannot be read as a data set:";
+    for (const auto& s : problems) msg += "\n  " + s;
+    throw InputError(msg);
+  }
   DataSpec spec;
   spec.file = path;
   spec.root = fs::absolute(path).parent_path().string();
@@ -330,58 +336,60 @@ std::vector<Problem> check_image_bytes(const uint8_t* data, size_t size, const u
   return problems;
 }
 
+namespace {
 
-Split scan_split(const DataSpec& spec, const std::string& name, const ScanOptions& o) {
-  const SplitSource* src = spec.split(name);
-  if (!src) throw InputError(spec.file + ": the data YAML has no '" + name + "' split");
-  Split split;
-  split.name = name;
-  split.source = *src;
-  split.names = spec.names;
+// The samples a split lists, before their files are probed, and whether their annotations already condemn them.
+struct Candidates {
+  std::vector<Sample> samples;
+  std::vector<char> corrupt;  // not vector<bool>: the probe threads write neighbouring entries at once
+};
 
-  std::vector<Sample> candidates;
-  std::vector<bool> corrupt;
-  if (src->format == SplitSource::Format::coco) {
-    CocoData coco = read_coco(src->annotations, src->images.front(), spec.names);
-    split.names = std::move(coco.names);
-    split.category_ids = std::move(coco.category_ids);
-    split.problems = std::move(coco.problems);
-    candidates = std::move(coco.samples);
-    corrupt = std::move(coco.corrupt);
-    split.listed_images = coco.listed_images;
-  } else if (src->format == SplitSource::Format::tfrecord) {
-    const RecordClasses classes = record_classes(spec);
-    RecordScan records = scan_records(*src, classes, o);
-    split.names = classes.names;
-    split.category_ids = classes.ids;
-    split.problems = std::move(records.problems);
-    candidates = std::move(records.samples);
-    corrupt = std::move(records.skipped);
-    split.listed_images = static_cast<int64_t>(candidates.size());
-  } else {
-    std::vector<std::string> paths;
-    for (const auto& s : src->images) list_images(s, src->where, paths, split.problems);
-    split.listed_images = static_cast<int64_t>(paths.size()) +
-                          std::count_if(split.problems.begin(), split.problems.end(),
-                                        [](const Problem& p) { return p.kind == ProblemKind::missing_image; });
-    for (auto& p : paths) {
-      Sample s;
-      s.image = std::move(p);
-      s.labels = yolo_label_path(s.image);
-      candidates.push_back(std::move(s));
-    }
-    corrupt.assign(candidates.size(), false);
+Candidates coco_candidates(const DataSpec& spec, const SplitSource& src, Split& split) {
+  CocoData coco = read_coco(src.annotations, src.images.front(), spec.names);
+  split.names = std::move(coco.names);
+  split.category_ids = std::move(coco.category_ids);
+  split.problems = std::move(coco.problems);
+  split.listed_images = coco.listed_images;
+  return {std::move(coco.samples), std::vector<char>(coco.corrupt.begin(), coco.corrupt.end())};
+}
+
+Candidates record_candidates(const DataSpec& spec, const SplitSource& src, const ScanOptions& o, Split& split) {
+  const RecordClasses classes = record_classes(spec);
+  RecordScan records = scan_records(src, classes, o);
+  split.names = classes.names;
+  split.category_ids = classes.ids;
+  split.problems = std::move(records.problems);
+  split.listed_images = static_cast<int64_t>(records.samples.size());
+  return {std::move(records.samples), std::vector<char>(records.skipped.begin(), records.skipped.end())};
+}
+
+// YOLO layout: each image's labels sit in the parallel labels/ folder; they are read when the image is probed.
+Candidates yolo_candidates(const SplitSource& src, Split& split) {
+  std::vector<std::string> paths;
+  for (const auto& s : src.images) list_images(s, src.where, paths, split.problems);
+  split.listed_images = static_cast<int64_t>(paths.size()) +
+                        std::count_if(split.problems.begin(), split.problems.end(),
+                                      [](const Problem& p) { return p.kind == ProblemKind::missing_image; });
+  Candidates c;
+  for (auto& p : paths) {
+    Sample s;
+    s.image = std::move(p);
+    s.labels = yolo_label_path(s.image);
+    c.samples.push_back(std::move(s));
   }
+  c.corrupt.assign(c.samples.size(), false);
+  return c;
+}
 
-  // Per image: probe the file, parse its labels. Results land in per-index slots so the
-  // order (and every later shuffle) does not depend on the thread count.
-  std::vector<std::vector<Problem>> found(candidates.size());
-  const bool yolo = src->format == SplitSource::Format::yolo;
-  const int nc = static_cast<int>(split.names.size());
+// Per image: probe the file, parse its labels. Results land in per-index slots so the
+// order (and every later shuffle) does not depend on the thread count.
+std::vector<std::vector<Problem>> probe_candidates(const SplitSource& src, int nc, const ScanOptions& o, Candidates& c) {
+  std::vector<std::vector<Problem>> found(c.samples.size());
+  const bool yolo = src.format == SplitSource::Format::yolo;
   // TFRecord images were checked with their records.
-  const int64_t to_probe = src->format == SplitSource::Format::tfrecord ? 0 : static_cast<int64_t>(candidates.size());
+  const int64_t to_probe = src.format == SplitSource::Format::tfrecord ? 0 : static_cast<int64_t>(c.samples.size());
   parallel_for(to_probe, o.threads, [&](int64_t i) {
-    Sample& s = candidates[static_cast<size_t>(i)];
+    Sample& s = c.samples[static_cast<size_t>(i)];
     Probe probe = probe_file(s.image, o);
     found[i] = std::move(probe.problems);
     if (!found[i].empty()) return;
@@ -392,7 +400,7 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
         LabelFile lf = parse_yolo_labels(read_file(s.labels), s.labels, nc);
         s.boxes = std::move(lf.boxes);
         found[i] = std::move(lf.problems);
-        corrupt[i] = lf.corrupt;
+        c.corrupt[i] = lf.corrupt;
       }
     } else if (probe.header.width != s.width || probe.header.height != s.height) {
       found[i].push_back({ProblemKind::size_mismatch, s.image,
@@ -402,17 +410,23 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
                           true});
     }
   });
+  return found;
+}
 
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    bool skip = corrupt[i];
+// Moves every problem into the split, in image order, and keeps the images that none of them skips.
+void keep_usable(Candidates& c, std::vector<std::vector<Problem>>& found, Split& split) {
+  for (size_t i = 0; i < c.samples.size(); ++i) {
+    bool skip = c.corrupt[i];
     for (auto& p : found[i]) {
       skip = skip || p.image_skipped;
       split.problems.push_back(std::move(p));
     }
-    if (!skip) split.samples.push_back(std::move(candidates[i]));
+    if (!skip) split.samples.push_back(std::move(c.samples[i]));
   }
+}
 
-  if (o.report_only) return split;
+// Applies data.on_error, logs the first problems, and refuses a split left with no image.
+void enforce_on_error(const Split& split, const SplitSource& src, const ScanOptions& o) {
   const auto first_skip = std::find_if(split.problems.begin(), split.problems.end(),
                                        [](const Problem& p) { return p.image_skipped; });
   if (o.on_error == OnError::fail && first_skip != split.problems.end())
@@ -422,14 +436,34 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
     spdlog::warn("{}: {}: {}", split.problems[i].where, to_string(split.problems[i].kind), split.problems[i].message);
   if (split.problems.size() > 20)
     spdlog::warn("... and {} more problems in split '{}' (trainer data check lists them all)",
-                 split.problems.size() - 20, name);
+                 split.problems.size() - 20, split.name);
   if (split.samples.empty())
-    throw InputError(src->where + ": split '" + name + "' has no usable image (" +
+    throw InputError(src.where + ": split '" + split.name + "' has no usable image (" +
                      std::to_string(split.listed_images) + " listed" +
                      (first_skip != split.problems.end()
                           ? "; first problem: " + first_skip->where + ": " + first_skip->message
                           : "") +
                      ")");
+}
+
+}  // namespace
+
+Split scan_split(const DataSpec& spec, const std::string& name, const ScanOptions& o) {
+  const SplitSource* src = spec.split(name);
+  if (!src) throw InputError(spec.file + ": the data YAML has no '" + name + "' split");
+  Split split;
+  split.name = name;
+  split.source = *src;
+  split.names = spec.names;
+
+  Candidates candidates = src->format == SplitSource::Format::coco       ? coco_candidates(spec, *src, split)
+                          : src->format == SplitSource::Format::tfrecord ? record_candidates(spec, *src, o, split)
+                                                                         : yolo_candidates(*src, split);
+  std::vector<std::vector<Problem>> found = probe_candidates(*src, static_cast<int>(split.names.size()), o, candidates);
+  keep_usable(candidates, found, split);
+
+  if (o.report_only) return split;
+  enforce_on_error(split, *src, o);
   return split;
 }
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "headroom/core/logging.h"
-#include "headroom/core/memory.h"
+#include "headroom/core/memory_errors.h"
 #include "headroom/core/random.h"
 #include "headroom/core/threads.h"
 

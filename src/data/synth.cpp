@@ -188,17 +188,9 @@ SynthImage render(const SynthOptions& o, int64_t index) {
 }
 
 Json options_json(const SynthOptions& o) {
-  Json j = Json::object();
-  j["images"] = o.images;
-  j["size"] = o.size;
-  j["seed"] = o.seed;
-  j["classes"] = o.classes;
-  j["val_fraction"] = o.val_fraction;
-  j["max_objects"] = o.max_objects;
-  j["quality"] = o.quality;
-  j["min_object"] = o.min_object;
-  j["max_object"] = o.max_object;
-  return j;
+  return Json::object({{"images", o.images}, {"size", o.size}, {"seed", o.seed}, {"classes", o.classes},
+                       {"val_fraction", o.val_fraction}, {"max_objects", o.max_objects}, {"quality", o.quality},
+                       {"min_object", o.min_object}, {"max_object", o.max_object}});
 }
 
 void write_binary(const fs::path& path, const std::vector<uint8_t>& bytes) {
@@ -223,6 +215,147 @@ void check_options(const SynthOptions& o) {
 const char* kMarker = ".headroom-synth";
 const char* kOwned[] = {"images", "labels", "annotations", "data.yaml", "data_coco.yaml", "synth.json"};
 
+// Checks an existing --out folder. Returns true (and fills the summary) when it already holds a complete set made
+// with the same options; otherwise clears what an earlier synth wrote so the new set starts clean.
+bool reuse_or_clear_existing(const SynthOptions& o, const fs::path& out, const std::string& wanted, SynthSummary& summary) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return false;
+  if (!fs::is_directory(out)) throw InputError(o.out + ": exists and is not a folder; choose another --out");
+  const bool ours = fs::exists(out / kMarker);
+  if (!ours && !fs::is_empty(out))
+    throw InputError(o.out + ": the folder is not empty and is not a Headroom synthetic data set; "
+                     "refusing to write into it (choose an empty or new --out)");
+  if (ours && fs::exists(out / "synth.json")) {
+    const Json done = read_json_file((out / "synth.json").string());
+    if (const Json* opts = done.find("options"); opts && opts->dump() == wanted) {
+      summary.reused = true;
+      summary.train_images = static_cast<int64_t>(done.find("train_images")->as_number());
+      summary.val_images = static_cast<int64_t>(done.find("val_images")->as_number());
+      summary.boxes = static_cast<int64_t>(done.find("boxes")->as_number());
+      return true;
+    }
+  }
+  for (const char* owned : kOwned) fs::remove_all(out / owned);
+  for (const auto& e : fs::directory_iterator(out))  // cache shards of the old set
+    if (e.path().extension() == ".hrcache") fs::remove(e.path());
+  return false;
+}
+
+// One YOLO label line per object: class, then centre and size normalised to the image.
+std::string yolo_label_lines(const SynthImage& img) {
+  std::string lines;
+  const double W = img.image.width, H = img.image.height;
+  for (const auto& ob : img.objects) {
+    char line[96];
+    std::snprintf(line, sizeof line, "%d %.6f %.6f %.6f %.6f\n", ob.cls, (ob.x1 + ob.x2) / 2 / W,
+                  (ob.y1 + ob.y2) / 2 / H, (ob.x2 - ob.x1) / W, (ob.y2 - ob.y1) / H);
+    lines += line;
+  }
+  return lines;
+}
+
+// Renders every image and writes its JPEG and label file; returns the boxes with the pixels dropped, for the COCO files.
+std::vector<SynthImage> render_and_write_images(const SynthOptions& o, const fs::path& out, int n_train) {
+  std::vector<SynthImage> rendered_meta(static_cast<size_t>(o.images));
+  parallel_for(o.images, o.threads, [&](int64_t i) {
+    SynthImage img = render(o, i);
+    const bool val = i >= n_train;
+    const std::string split = val ? "val" : "train";
+    char name[32];
+    std::snprintf(name, sizeof name, "im%06lld", static_cast<long long>(i));
+    write_binary(out / "images" / split / (std::string(name) + ".jpg"), encode_jpeg(img.image, o.quality));
+    if (!img.objects.empty())  // background images get no label file, as in Ultralytics sets
+      std::ofstream(out / "labels" / split / (std::string(name) + ".txt")) << yolo_label_lines(img);
+    img.image.pixels.clear();
+    img.image.pixels.shrink_to_fit();
+    rendered_meta[size_t(i)] = std::move(img);
+  });
+  return rendered_meta;
+}
+
+Json coco_image_json(const SynthImage& img, int64_t i) {
+  char name[32];
+  std::snprintf(name, sizeof name, "im%06lld.jpg", static_cast<long long>(i));
+  Json im = Json::object();
+  im["id"] = i + 1;
+  im["file_name"] = std::string(name);
+  im["width"] = img.image.width;
+  im["height"] = img.image.height;
+  return im;
+}
+
+Json coco_annotation_json(const SynthObject& ob, int64_t ann_id, int64_t i) {
+  Json a = Json::object();
+  a["id"] = ann_id;
+  a["image_id"] = i + 1;
+  a["category_id"] = ob.cls + 1;
+  Json bbox = Json::array();
+  for (double v : {ob.x1, ob.y1, ob.x2 - ob.x1, ob.y2 - ob.y1}) bbox.push_back(std::round(v * 100) / 100);
+  a["bbox"] = std::move(bbox);
+  a["area"] = std::round(ob.area * 100) / 100;
+  a["iscrowd"] = 0;
+  return a;
+}
+
+Json coco_categories_json(int classes) {
+  const auto& names = synth_shape_names();
+  Json cats = Json::array();
+  for (int c = 0; c < classes; ++c) {
+    Json cat = Json::object();
+    cat["id"] = c + 1;
+    cat["name"] = names[size_t(c)];
+    cat["supercategory"] = "shape";
+    cats.push_back(std::move(cat));
+  }
+  return cats;
+}
+
+// The COCO file for images [first, last); adds the annotations it writes to `boxes`.
+Json coco_split_json(const SynthOptions& o, const std::vector<SynthImage>& rendered_meta, int64_t first, int64_t last,
+                     int64_t& boxes) {
+  Json coco = Json::object();
+  Json info = Json::object();
+  info["description"] = "Headroom synthetic shapes (trainer data synth)";
+  coco["info"] = info;
+  Json images = Json::array(), anns = Json::array();
+  int64_t ann_id = 1;
+  for (int64_t i = first; i < last; ++i) {
+    const SynthImage& img = rendered_meta[size_t(i)];
+    images.push_back(coco_image_json(img, i));
+    for (const auto& ob : img.objects) {
+      anns.push_back(coco_annotation_json(ob, ann_id++, i));
+      ++boxes;
+    }
+  }
+  coco["images"] = std::move(images);
+  coco["annotations"] = std::move(anns);
+  coco["categories"] = coco_categories_json(o.classes);
+  return coco;
+}
+
+void write_coco_annotations(const SynthOptions& o, const fs::path& out, const std::vector<SynthImage>& rendered_meta,
+                            int n_train, int n_val, SynthSummary& summary) {
+  for (int s = 0; s < (n_val ? 2 : 1); ++s) {
+    const std::string split = s ? "val" : "train";
+    const Json coco = coco_split_json(o, rendered_meta, s ? n_train : 0, s ? o.images : n_train, summary.boxes);
+    fs::create_directories(out / "annotations");
+    write_file_atomic((out / "annotations" / ("instances_" + split + ".json")).string(), coco.dump());
+  }
+}
+
+// data.yaml (YOLO labels) and data_coco.yaml (COCO annotations) over the same images.
+void write_data_yamls(const SynthOptions& o, const SynthSummary& summary, int n_val) {
+  const auto& names = synth_shape_names();
+  std::string header = "# Headroom synthetic data set (trainer data synth --images " + std::to_string(o.images) +
+                       " --size " + std::to_string(o.size) + " --seed " + std::to_string(o.seed) + ")\npath: .\n";
+  std::string yolo = header + "train: images/train\n" + (n_val ? "val: images/val\n" : "") + "names:\n";
+  for (int c = 0; c < o.classes; ++c) yolo += "  " + std::to_string(c) + ": " + names[size_t(c)] + "\n";
+  write_file_atomic(summary.data_yaml, yolo);
+  std::string coco_yaml = header + "train: {coco: annotations/instances_train.json, images: images/train}\n";
+  if (n_val) coco_yaml += "val: {coco: annotations/instances_val.json, images: images/val}\n";
+  write_file_atomic(summary.coco_yaml, coco_yaml);
+}
+
 }  // namespace
 
 SynthSummary synthesize(const SynthOptions& o) {
@@ -233,27 +366,7 @@ SynthSummary synthesize(const SynthOptions& o) {
   summary.data_yaml = (out / "data.yaml").string();
   summary.coco_yaml = (out / "data_coco.yaml").string();
 
-  std::error_code ec;
-  if (fs::exists(out, ec)) {
-    if (!fs::is_directory(out)) throw InputError(o.out + ": exists and is not a folder; choose another --out");
-    const bool ours = fs::exists(out / kMarker);
-    if (!ours && !fs::is_empty(out))
-      throw InputError(o.out + ": the folder is not empty and is not a Headroom synthetic data set; "
-                       "refusing to write into it (choose an empty or new --out)");
-    if (ours && fs::exists(out / "synth.json")) {
-      const Json done = read_json_file((out / "synth.json").string());
-      if (const Json* opts = done.find("options"); opts && opts->dump() == wanted) {
-        summary.reused = true;
-        summary.train_images = static_cast<int64_t>(done.find("train_images")->as_number());
-        summary.val_images = static_cast<int64_t>(done.find("val_images")->as_number());
-        summary.boxes = static_cast<int64_t>(done.find("boxes")->as_number());
-        return summary;
-      }
-    }
-    for (const char* owned : kOwned) fs::remove_all(out / owned);
-    for (const auto& e : fs::directory_iterator(out))  // cache shards of the old set
-      if (e.path().extension() == ".hrcache") fs::remove(e.path());
-  }
+  if (reuse_or_clear_existing(o, out, wanted, summary)) return summary;
   fs::create_directories(out);
   write_file_atomic((out / kMarker).string(), "written by trainer data synth\n");
 
@@ -267,85 +380,9 @@ SynthSummary synthesize(const SynthOptions& o) {
     fs::create_directories(out / "labels" / split);
   }
 
-  std::vector<SynthImage> rendered_meta(static_cast<size_t>(o.images));
-  parallel_for(o.images, o.threads, [&](int64_t i) {
-    SynthImage img = render(o, i);
-    const bool val = i >= n_train;
-    const std::string split = val ? "val" : "train";
-    char name[32];
-    std::snprintf(name, sizeof name, "im%06lld", static_cast<long long>(i));
-    write_binary(out / "images" / split / (std::string(name) + ".jpg"), encode_jpeg(img.image, o.quality));
-    if (!img.objects.empty()) {  // background images get no label file, as in Ultralytics sets
-      std::string lines;
-      const double W = img.image.width, H = img.image.height;
-      for (const auto& ob : img.objects) {
-        char line[96];
-        std::snprintf(line, sizeof line, "%d %.6f %.6f %.6f %.6f\n", ob.cls, (ob.x1 + ob.x2) / 2 / W,
-                      (ob.y1 + ob.y2) / 2 / H, (ob.x2 - ob.x1) / W, (ob.y2 - ob.y1) / H);
-        lines += line;
-      }
-      std::ofstream(out / "labels" / split / (std::string(name) + ".txt")) << lines;
-    }
-    img.image.pixels.clear();
-    img.image.pixels.shrink_to_fit();
-    rendered_meta[size_t(i)] = std::move(img);
-  });
-
-  const auto& names = synth_shape_names();
-  for (int s = 0; s < (n_val ? 2 : 1); ++s) {
-    const std::string split = s ? "val" : "train";
-    Json coco = Json::object();
-    Json info = Json::object();
-    info["description"] = "Headroom synthetic shapes (trainer data synth)";
-    coco["info"] = info;
-    Json images = Json::array(), anns = Json::array(), cats = Json::array();
-    int64_t ann_id = 1;
-    for (int64_t i = s ? n_train : 0; i < (s ? o.images : n_train); ++i) {
-      const SynthImage& img = rendered_meta[size_t(i)];
-      char name[32];
-      std::snprintf(name, sizeof name, "im%06lld.jpg", static_cast<long long>(i));
-      Json im = Json::object();
-      im["id"] = i + 1;
-      im["file_name"] = std::string(name);
-      im["width"] = img.image.width;
-      im["height"] = img.image.height;
-      images.push_back(std::move(im));
-      for (const auto& ob : img.objects) {
-        Json a = Json::object();
-        a["id"] = ann_id++;
-        a["image_id"] = i + 1;
-        a["category_id"] = ob.cls + 1;
-        Json bbox = Json::array();
-        for (double v : {ob.x1, ob.y1, ob.x2 - ob.x1, ob.y2 - ob.y1}) bbox.push_back(std::round(v * 100) / 100);
-        a["bbox"] = std::move(bbox);
-        a["area"] = std::round(ob.area * 100) / 100;
-        a["iscrowd"] = 0;
-        anns.push_back(std::move(a));
-        ++summary.boxes;
-      }
-    }
-    for (int c = 0; c < o.classes; ++c) {
-      Json cat = Json::object();
-      cat["id"] = c + 1;
-      cat["name"] = names[size_t(c)];
-      cat["supercategory"] = "shape";
-      cats.push_back(std::move(cat));
-    }
-    coco["images"] = std::move(images);
-    coco["annotations"] = std::move(anns);
-    coco["categories"] = std::move(cats);
-    fs::create_directories(out / "annotations");
-    write_file_atomic((out / "annotations" / ("instances_" + split + ".json")).string(), coco.dump());
-  }
-
-  std::string header = "# Headroom synthetic data set (trainer data synth --images " + std::to_string(o.images) +
-                       " --size " + std::to_string(o.size) + " --seed " + std::to_string(o.seed) + ")\npath: .\n";
-  std::string yolo = header + "train: images/train\n" + (n_val ? "val: images/val\n" : "") + "names:\n";
-  for (int c = 0; c < o.classes; ++c) yolo += "  " + std::to_string(c) + ": " + names[size_t(c)] + "\n";
-  write_file_atomic(summary.data_yaml, yolo);
-  std::string coco_yaml = header + "train: {coco: annotations/instances_train.json, images: images/train}\n";
-  if (n_val) coco_yaml += "val: {coco: annotations/instances_val.json, images: images/val}\n";
-  write_file_atomic(summary.coco_yaml, coco_yaml);
+  const std::vector<SynthImage> rendered_meta = render_and_write_images(o, out, n_train);
+  write_coco_annotations(o, out, rendered_meta, n_train, n_val, summary);
+  write_data_yamls(o, summary, n_val);
 
   summary.train_images = n_train;
   summary.val_images = n_val;

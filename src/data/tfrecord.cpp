@@ -267,110 +267,156 @@ struct Decoded {
   bool skipped = false;
 };
 
+void report(Decoded& d, const std::string& where, ProblemKind k, const std::string& msg, bool skips) {
+  d.problems.push_back({k, where, msg, skips});
+  d.skipped = d.skipped || skips;
+}
+
+// The record's bytes parsed as an Example; false (with the problem reported) when unreadable.
+bool read_example(const RecordReader& reader, const RecordSpan& span, const std::string& where, tf::Example& ex,
+                  Decoded& d) {
+  std::string data;
+  try {
+    data = reader.read(span.offset);
+  } catch (const RecordError& e) {
+    report(d, where, ProblemKind::unreadable_image, e.reason(), true);
+    return false;
+  }
+  if (!ex.ParseFromString(data)) {
+    report(d, where, ProblemKind::unreadable_image, "not a tf.train.Example", true);
+    return false;
+  }
+  return true;
+}
+
+// Checks the encoded image from its header and last bytes, without decoding it; false when it is unusable.
+bool check_encoded_image(const tf::Example& ex, const std::string& where, const ScanOptions& o, ImageHeader& header,
+                         Decoded& d) {
+  const std::string encoded = bytes_of(ex, "image/encoded");
+  if (encoded.empty()) {
+    report(d, where, ProblemKind::unreadable_image, "no image/encoded bytes", true);
+    return false;
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(encoded.data());
+  const size_t tail = std::min<size_t>(encoded.size(), 64);
+  for (Problem& p : check_image_bytes(bytes, encoded.size(), bytes + encoded.size() - tail, tail, where, o, &header)) {
+    d.problems.push_back(std::move(p));
+    d.skipped = true;
+  }
+  return !d.skipped;
+}
+
+// The OD API's parallel per-object lists; boxes are normalised by the stored image's size.
+struct ObjectLists {
+  std::vector<float> xmin, xmax, ymin, ymax, area;
+  std::vector<int64_t> labels, crowd;
+  std::vector<std::string> texts;
+};
+
+ObjectLists object_lists(const tf::Example& ex) {
+  ObjectLists l;
+  l.xmin = floats_of(ex, "image/object/bbox/xmin"), l.xmax = floats_of(ex, "image/object/bbox/xmax");
+  l.ymin = floats_of(ex, "image/object/bbox/ymin"), l.ymax = floats_of(ex, "image/object/bbox/ymax");
+  l.labels = ints_of(ex, "image/object/class/label");
+  l.texts = texts_of(ex, "image/object/class/text");
+  l.crowd = ints_of(ex, "image/object/is_crowd");
+  l.area = floats_of(ex, "image/object/area");
+  return l;
+}
+
+// False (record skipped) when the lists disagree in length or the classes do not cover every box.
+bool object_lists_agree(const ObjectLists& l, const RecordClasses& classes, bool use_text, const std::string& where,
+                        Decoded& d) {
+  const size_t n = l.xmin.size();
+  auto fits = [&](size_t m) { return m == 0 || m == n; };
+  if (l.xmax.size() != n || l.ymin.size() != n || l.ymax.size() != n || !fits(l.crowd.size()) || !fits(l.area.size())) {
+    report(d, where, ProblemKind::bad_label, "the image/object/* lists differ in length (xmin " + std::to_string(n) +
+                                                 ", xmax " + std::to_string(l.xmax.size()) + ", ymin " +
+                                                 std::to_string(l.ymin.size()) + ", ymax " + std::to_string(l.ymax.size()) + ")",
+           true);
+    return false;
+  }
+  if (n > 0 && !use_text && l.labels.size() != n) {
+    report(d, where, ProblemKind::bad_label, std::to_string(n) + " boxes but " + std::to_string(l.labels.size()) +
+                                                 " image/object/class/label values" +
+                                                 (classes.by_text ? " and " + std::to_string(l.texts.size()) + " class/text values" : ""),
+           true);
+    return false;
+  }
+  return true;
+}
+
+// Object i's Headroom class, by its class text or its label id; -1 (problem reported) when neither maps.
+int object_class(const ObjectLists& l, size_t i, bool use_text, const RecordClasses& classes, const std::string& obj,
+                 const std::string& where, Decoded& d) {
+  if (use_text) {
+    const auto it = std::find(classes.texts.begin(), classes.texts.end(), l.texts[i]);
+    if (it == classes.texts.end() || l.texts[i].empty()) {
+      report(d, where, ProblemKind::bad_label, obj + "class '" + l.texts[i] + "' is not in the label map", true);
+      return -1;
+    }
+    return int(it - classes.texts.begin()) / 2;
+  }
+  const auto it = std::find(classes.ids.begin(), classes.ids.end(), l.labels[i]);
+  if (it == classes.ids.end()) {
+    const std::string known = classes.by_text ? "label map ids" : "ids 1.." + std::to_string(classes.ids.size()) + " of names";
+    report(d, where, ProblemKind::bad_label, obj + "class id " + std::to_string(l.labels[i]) + " is not one of the " +
+                                                 std::to_string(classes.ids.size()) + " classes (" + known + ")",
+           true);
+    return -1;
+  }
+  return int(it - classes.ids.begin());
+}
+
+// Object i's box, turned upright, added to the sample unless it is out of range, empty or a duplicate.
+void add_object_box(const ObjectLists& l, size_t i, int cls, int orientation, const std::string& obj,
+                    const std::string& where, Decoded& d) {
+  const float v[4] = {l.xmin[i], l.ymin[i], l.xmax[i], l.ymax[i]};
+  bool inside = true;
+  for (float c : v) inside = inside && std::isfinite(c) && c >= -kCoordTolerance && c <= 1 + kCoordTolerance;
+  if (!inside) {
+    report(d, where, ProblemKind::bad_label, obj + "coordinates are outside [0, 1]: the OD API's boxes are normalised by "
+                                                   "the image size", true);
+    return;
+  }
+  Box b;
+  b.x1 = std::clamp(v[0], 0.f, 1.f), b.y1 = std::clamp(v[1], 0.f, 1.f);
+  b.x2 = std::clamp(v[2], 0.f, 1.f), b.y2 = std::clamp(v[3], 0.f, 1.f);
+  b.cls = cls;
+  b.crowd = !l.crowd.empty() && l.crowd[i] != 0;
+  b.area = l.area.empty() ? 0.f : l.area[i];
+  b = oriented(b, orientation);
+  if (b.x2 <= b.x1 || b.y2 <= b.y1)
+    report(d, where, ProblemKind::zero_area_box, obj + "zero-area box dropped", false);
+  else if (std::find(d.sample.boxes.begin(), d.sample.boxes.end(), b) != d.sample.boxes.end())
+    report(d, where, ProblemKind::duplicate_box, obj + "duplicate box dropped", false);
+  else
+    d.sample.boxes.push_back(b);
+}
+
 // One record: its Example, its objects in Headroom's classes, its image checked.
 Decoded decode_record(const RecordReader& reader, const RecordSpan& span, const RecordClasses& classes,
                       const ScanOptions& o) {
   Decoded d;
   const std::string where = reader.path() + ": record at byte " + std::to_string(span.offset);
-  auto problem = [&](ProblemKind k, const std::string& msg, bool skips) {
-    d.problems.push_back({k, where, msg, skips});
-    d.skipped = d.skipped || skips;
-  };
   d.sample.image = reader.path();
   d.sample.record = span.offset;
-  std::string data;
-  try {
-    data = reader.read(span.offset);
-  } catch (const RecordError& e) {
-    problem(ProblemKind::unreadable_image, e.reason(), true);
-    return d;
-  }
   tf::Example ex;
-  if (!ex.ParseFromString(data)) {
-    problem(ProblemKind::unreadable_image, "not a tf.train.Example", true);
-    return d;
-  }
+  if (!read_example(reader, span, where, ex, d)) return d;
   d.sample.file_name = bytes_of(ex, "image/filename");
   if (const auto id = parse_int(bytes_of(ex, "image/source_id"))) d.sample.image_id = *id;
-  const std::string encoded = bytes_of(ex, "image/encoded");
-  if (encoded.empty()) {
-    problem(ProblemKind::unreadable_image, "no image/encoded bytes", true);
-    return d;
-  }
-  const auto* bytes = reinterpret_cast<const uint8_t*>(encoded.data());
-  const size_t tail = std::min<size_t>(encoded.size(), 64);
   ImageHeader header;
-  for (Problem& p : check_image_bytes(bytes, encoded.size(), bytes + encoded.size() - tail, tail, where, o, &header)) {
-    d.problems.push_back(std::move(p));
-    d.skipped = true;
-  }
-  if (d.skipped) return d;
+  if (!check_encoded_image(ex, where, o, header, d)) return d;
   d.sample.width = header.width, d.sample.height = header.height;
 
-  const auto xmin = floats_of(ex, "image/object/bbox/xmin"), xmax = floats_of(ex, "image/object/bbox/xmax");
-  const auto ymin = floats_of(ex, "image/object/bbox/ymin"), ymax = floats_of(ex, "image/object/bbox/ymax");
-  const auto labels = ints_of(ex, "image/object/class/label");
-  const auto texts = texts_of(ex, "image/object/class/text");
-  const auto crowd = ints_of(ex, "image/object/is_crowd");
-  const auto area = floats_of(ex, "image/object/area");
-  const size_t n = xmin.size();
-  auto fits = [&](size_t m) { return m == 0 || m == n; };
-  if (xmax.size() != n || ymin.size() != n || ymax.size() != n || !fits(crowd.size()) || !fits(area.size())) {
-    problem(ProblemKind::bad_label, "the image/object/* lists differ in length (xmin " + std::to_string(n) + ", xmax " +
-                                        std::to_string(xmax.size()) + ", ymin " + std::to_string(ymin.size()) +
-                                        ", ymax " + std::to_string(ymax.size()) + ")", true);
-    return d;
-  }
-  const bool use_text = classes.by_text && texts.size() == n && n > 0;
-  if (n > 0 && !use_text && labels.size() != n) {
-    problem(ProblemKind::bad_label, std::to_string(n) + " boxes but " + std::to_string(labels.size()) +
-                                        " image/object/class/label values" +
-                                        (classes.by_text ? " and " + std::to_string(texts.size()) + " class/text values" : ""),
-            true);
-    return d;
-  }
+  const ObjectLists l = object_lists(ex);
+  const size_t n = l.xmin.size();
+  const bool use_text = classes.by_text && l.texts.size() == n && n > 0;
+  if (!object_lists_agree(l, classes, use_text, where, d)) return d;
   for (size_t i = 0; i < n; ++i) {
     const std::string obj = "object " + std::to_string(i) + ": ";
-    int cls = -1;
-    if (use_text) {
-      const auto it = std::find(classes.texts.begin(), classes.texts.end(), texts[i]);
-      if (it == classes.texts.end() || texts[i].empty()) {
-        problem(ProblemKind::bad_label, obj + "class '" + texts[i] + "' is not in the label map", true);
-        continue;
-      }
-      cls = int(it - classes.texts.begin()) / 2;
-    } else {
-      const auto it = std::find(classes.ids.begin(), classes.ids.end(), labels[i]);
-      if (it == classes.ids.end()) {
-        problem(ProblemKind::bad_label, obj + "class id " + std::to_string(labels[i]) + " is not one of the " +
-                                            std::to_string(classes.ids.size()) + " classes (" +
-                                            (classes.by_text ? "label map ids" : "ids 1.." + std::to_string(classes.ids.size()) + " of names") + ")",
-                true);
-        continue;
-      }
-      cls = int(it - classes.ids.begin());
-    }
-    const float v[4] = {xmin[i], ymin[i], xmax[i], ymax[i]};
-    bool inside = true;
-    for (float c : v) inside = inside && std::isfinite(c) && c >= -kCoordTolerance && c <= 1 + kCoordTolerance;
-    if (!inside) {
-      problem(ProblemKind::bad_label, obj + "coordinates are outside [0, 1]: the OD API's boxes are normalised by "
-                                            "the image size", true);
-      continue;
-    }
-    Box b;
-    b.x1 = std::clamp(v[0], 0.f, 1.f), b.y1 = std::clamp(v[1], 0.f, 1.f);
-    b.x2 = std::clamp(v[2], 0.f, 1.f), b.y2 = std::clamp(v[3], 0.f, 1.f);
-    b.cls = cls;
-    b.crowd = !crowd.empty() && crowd[i] != 0;
-    b.area = area.empty() ? 0.f : area[i];
-    b = oriented(b, header.orientation);
-    if (b.x2 <= b.x1 || b.y2 <= b.y1)
-      problem(ProblemKind::zero_area_box, obj + "zero-area box dropped", false);
-    else if (std::find(d.sample.boxes.begin(), d.sample.boxes.end(), b) != d.sample.boxes.end())
-      problem(ProblemKind::duplicate_box, obj + "duplicate box dropped", false);
-    else
-      d.sample.boxes.push_back(b);
+    const int cls = object_class(l, i, use_text, classes, obj, where, d);
+    if (cls >= 0) add_object_box(l, i, cls, header.orientation, obj, where, d);
   }
   return d;
 }

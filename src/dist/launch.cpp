@@ -58,59 +58,56 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-}  // namespace
-
-void write_error_file(const std::string& message) {
-  const char* path = std::getenv("HEADROOM_ERROR_FILE");
-  if (!path || !*path) return;
-  std::ofstream out(path, std::ios::trunc);
-  out << message;
+// The worker's side of the fork: torchrun's environment, then this program again with the same arguments.
+[[noreturn]] void exec_worker(const std::string& program, const std::vector<std::string>& args, int rank, int n, int port,
+                              const fs::path& errors) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("HEADROOM_ERROR_FILE", (errors / ("rank" + std::to_string(rank) + ".txt")).c_str(), 1);
+  std::vector<char*> argv{const_cast<char*>(program.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "--nproc: could not start worker %d: %s\n", rank, std::strerror(errno));
+  std::_Exit(127);
 }
 
-int launch_local(const std::string& program, const std::vector<std::string>& args, const LaunchOptions& o) {
-  const int n = o.nproc();
-  char tmpl[] = "/tmp/headroom-launch-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: no folder for the workers' error files: ") + std::strerror(errno));
-  const fs::path errors(tmpl);
-  const int port = free_port();
-  spdlog::info("--nproc {}: starting {} workers (rendezvous 127.0.0.1:{})", n, n, port);
+// Process ids by rank.
+std::vector<pid_t> start_workers(const std::string& program, const std::vector<std::string>& args, int n, int port,
+                                 const fs::path& errors) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("HEADROOM_ERROR_FILE", (errors / ("rank" + std::to_string(r) + ".txt")).c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(program.c_str())};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "--nproc: could not start worker %d: %s\n", r, std::strerror(errno));
-      std::_Exit(127);
-    }
+    if (pid == 0) exec_worker(program, args, r, n, port, errors);
     pids.push_back(pid);
   }
-  // Ctrl-C reaches the workers (one process group) and they stop together; the launcher waits.
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  struct sigaction old_int {};
-  ::sigaction(SIGINT, &ignore, &old_int);
+  return pids;
+}
 
-  int running = n, first_failed = -1, first_status = 0, interrupted_code = 0;
+// How the workers ended: the first to fail (and its wait status), and whether any was interrupted.
+struct WorkersEnd {
+  int first_failed = -1, first_status = 0, interrupted_code = 0;
+};
+
+// Reaps the workers; once one fails the others get SIGTERM, and SIGKILL if still running at o.timeout().
+// `pids` entries become -1 as their workers end.
+WorkersEnd wait_for_workers(std::vector<pid_t>& pids, const LaunchOptions& o) {
+  WorkersEnd end;
+  int running = int(pids.size());
   std::chrono::steady_clock::time_point deadline{};
   while (running > 0) {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, first_failed >= 0 ? WNOHANG : 0);
+    const pid_t pid = ::waitpid(-1, &status, end.first_failed >= 0 ? WNOHANG : 0);
     if (pid == 0) {  // failing: the others have until the deadline
       if (std::chrono::steady_clock::now() > deadline) {
         for (size_t r = 0; r < pids.size(); ++r)
           if (pids[r] > 0) {
-            spdlog::error("--nproc: rank {} did not end within {:g} s of rank {}'s failure; killing it", r, o.timeout(), first_failed);
+            spdlog::error("--nproc: rank {} did not end within {:g} s of rank {}'s failure; killing it", r, o.timeout(), end.first_failed);
             ::kill(pids[r], SIGKILL);
           }
         deadline = std::chrono::steady_clock::time_point::max();
@@ -130,23 +127,49 @@ int launch_local(const std::string& program, const std::vector<std::string>& arg
     --running;
     // Ctrl-C stops every worker at the same step; rank 0 may still be writing its checkpoint.
     const bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == kExitInterrupted;
-    if (interrupted) interrupted_code = kExitInterrupted;
+    if (interrupted) end.interrupted_code = kExitInterrupted;
     const bool failed = !interrupted && (!WIFEXITED(status) || WEXITSTATUS(status) != 0);
-    if (failed && first_failed < 0) {
-      first_failed = rank;
-      first_status = status;
+    if (failed && end.first_failed < 0) {
+      end.first_failed = rank;
+      end.first_status = status;
       for (pid_t p : pids)
         if (p > 0) ::kill(p, SIGTERM);
       deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.timeout() * 1000));
     }
   }
+  return end;
+}
+
+}  // namespace
+
+void write_error_file(const std::string& message) {
+  const char* path = std::getenv("HEADROOM_ERROR_FILE");
+  if (!path || !*path) return;
+  std::ofstream out(path, std::ios::trunc);
+  out << message;
+}
+
+int launch_local(const std::string& program, const std::vector<std::string>& args, const LaunchOptions& o) {
+  const int n = o.nproc();
+  char tmpl[] = "/tmp/headroom-launch-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw Error(std::string("--nproc: no folder for the workers' error files: ") + std::strerror(errno));
+  const fs::path errors(tmpl);
+  const int port = free_port();
+  spdlog::info("--nproc {}: starting {} workers (rendezvous 127.0.0.1:{})", n, n, port);
+  std::vector<pid_t> pids = start_workers(program, args, n, port, errors);
+  // Ctrl-C reaches the workers (one process group) and they stop together; the launcher waits.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction old_int {};
+  ::sigaction(SIGINT, &ignore, &old_int);
+  const WorkersEnd end = wait_for_workers(pids, o);
   ::sigaction(SIGINT, &old_int, nullptr);
-  int code = interrupted_code;
-  if (first_failed >= 0) {
-    const std::string why = read_text(errors / ("rank" + std::to_string(first_failed) + ".txt"));
-    spdlog::error("--nproc {}: rank {} {}{}{}; the other workers were stopped", n, first_failed, describe(first_status),
+  int code = end.interrupted_code;
+  if (end.first_failed >= 0) {
+    const std::string why = read_text(errors / ("rank" + std::to_string(end.first_failed) + ".txt"));
+    spdlog::error("--nproc {}: rank {} {}{}{}; the other workers were stopped", n, end.first_failed, describe(end.first_status),
                   why.empty() ? "" : ": ", why);
-    code = exit_code_of(first_status);
+    code = exit_code_of(end.first_status);
     if (code == 0) code = kExitFailure;
   }
   std::error_code ec;

@@ -117,13 +117,14 @@ void precision_recall(const std::vector<std::pair<double, std::pair<char, char>>
 
 }  // namespace
 
-CocoStats coco_evaluate(const std::vector<CocoBox>& gts, const std::vector<CocoBox>& dts,
-                        const std::vector<int64_t>& image_ids, const std::vector<int64_t>& category_ids) {
-  const std::set<int64_t> images(image_ids.begin(), image_ids.end());
-  std::map<int64_t, size_t> cat_index;
-  for (size_t k = 0; k < category_ids.size(); ++k) cat_index[category_ids[k]] = k;
-  using Key = std::pair<int64_t, int64_t>;  // (category, image)
-  std::map<Key, std::pair<std::vector<const CocoBox*>, std::vector<const CocoBox*>>> groups;
+namespace {
+
+using Key = std::pair<int64_t, int64_t>;  // (category, image)
+using Groups = std::map<Key, std::pair<std::vector<const CocoBox*>, std::vector<const CocoBox*>>>;  // ground truth, detections
+
+Groups group_boxes(const std::vector<CocoBox>& gts, const std::vector<CocoBox>& dts, const std::set<int64_t>& images,
+                   const std::map<int64_t, size_t>& cat_index) {
+  Groups groups;
   for (const auto& g : gts)
     if (images.count(g.image_id) && cat_index.count(g.category_id)) groups[{g.category_id, g.image_id}].first.push_back(&g);
   for (const auto& d : dts) {
@@ -131,73 +132,94 @@ CocoStats coco_evaluate(const std::vector<CocoBox>& gts, const std::vector<CocoB
       throw InputError("detection for image id " + std::to_string(d.image_id) + ", which is not in the ground truth");
     if (cat_index.count(d.category_id)) groups[{d.category_id, d.image_id}].second.push_back(&d);
   }
+  return groups;
+}
 
-  const size_t K = category_ids.size();
-  // precision [T][R][K][A][M], recall [T][K][A][M]; -1 = no ground truth.
-  std::vector<double> precision(size_t(kT) * kR * K * kA * kM, -1.0), recall(size_t(kT) * K * kA * kM, -1.0);
-  const auto P = [&](int t, int r, size_t k, int a, int m) -> double& { return precision[(((size_t(t) * kR + r) * K + k) * kA + a) * kM + m]; };
-  const auto Rc = [&](int t, size_t k, int a, int m) -> double& { return recall[((size_t(t) * K + k) * kA + a) * kM + m]; };
-  CocoStats stats;
-  for (size_t k = 0; k < K; ++k) {
-    const int64_t cat = category_ids[k];
-    CocoStats::PerClass pc;
-    pc.category_id = cat;
-    std::vector<std::array<ImageEval, kA>> evals;
-    for (auto it = groups.lower_bound({cat, INT64_MIN}); it != groups.end() && it->first.first == cat; ++it) {
-      std::array<ImageEval, kA> e;
-      for (int a = 0; a < kA; ++a) e[size_t(a)] = evaluate_image(it->second.first, it->second.second, kArea[a]);
-      pc.instances += e[0].counted_gt;
-      pc.images += e[0].counted_gt > 0;
-      evals.push_back(std::move(e));
-    }
-    for (int a = 0; a < kA; ++a)
-      for (int m = 0; m < kM; ++m) {
-        int64_t npig = 0;
-        for (const auto& e : evals) npig += e[size_t(a)].counted_gt;
-        if (npig == 0) continue;
-        for (int t = 0; t < kT; ++t) {
-          // Every image's first maxDet detections, merged by score (stable, as mergesort).
-          std::vector<std::pair<double, std::pair<char, char>>> dets;
-          for (const auto& e : evals) {
-            const ImageEval& ie = e[size_t(a)];
-            for (size_t i = 0; i < ie.scores.size() && i < size_t(kMaxDets[m]); ++i)
-              dets.push_back({ie.scores[i], {ie.matched[t][i], ie.ignored[t][i]}});
-          }
-          std::stable_sort(dets.begin(), dets.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-          double pr[kR];
-          precision_recall(dets, npig, pr, &Rc(t, k, a, m));
-          for (int r = 0; r < kR; ++r) P(t, r, k, a, m) = pr[r];
-        }
-      }
-    stats.per_class.push_back(pc);
+// precision [T][R][K][A][M], recall [T][K][A][M]; -1 = no ground truth.
+struct Curves {
+  explicit Curves(size_t k) : K(k), precision(size_t(kT) * kR * K * kA * kM, -1.0), recall(size_t(kT) * K * kA * kM, -1.0) {}
+  size_t p_at(int t, int r, size_t k, int a, int m) const { return (((size_t(t) * kR + r) * K + k) * kA + a) * kM + m; }
+  size_t r_at(int t, size_t k, int a, int m) const { return ((size_t(t) * K + k) * kA + a) * kM + m; }
+
+  // The mean over the valid entries of AP (precision over thresholds t, recalls and classes k; -1
+  // = all) and AR (recall over thresholds and classes), as pycocotools' summarize.
+  double ap(int t_only, int a, int m, int64_t k_only) const {
+    std::vector<double> v;
+    for (int t = 0; t < kT; ++t)
+      for (int r = 0; r < kR; ++r)
+        for (size_t k = 0; k < K; ++k)
+          if ((t_only < 0 || t == t_only) && (k_only < 0 || int64_t(k) == k_only)) v.push_back(precision[p_at(t, r, k, a, m)]);
+    return mean_valid(v);
   }
-
-  const auto mean_valid = [](const std::vector<double>& v) {
+  double ar(int a, int m) const {
+    std::vector<double> v;
+    for (int t = 0; t < kT; ++t)
+      for (size_t k = 0; k < K; ++k) v.push_back(recall[r_at(t, k, a, m)]);
+    return mean_valid(v);
+  }
+  static double mean_valid(const std::vector<double>& v) {
     double s = 0;
     int64_t n = 0;
     for (double x : v)
       if (x > -1) s += x, ++n;
     return n ? s / double(n) : -1.0;
-  };
-  const auto ap = [&](int t_only, int a, int m, int64_t k_only) {
-    std::vector<double> v;
-    for (int t = 0; t < kT; ++t)
-      for (int r = 0; r < kR; ++r)
-        for (size_t k = 0; k < K; ++k)
-          if ((t_only < 0 || t == t_only) && (k_only < 0 || int64_t(k) == k_only)) v.push_back(P(t, r, k, a, m));
-    return mean_valid(v);
-  };
-  const auto ar = [&](int a, int m) {
-    std::vector<double> v;
-    for (int t = 0; t < kT; ++t)
-      for (size_t k = 0; k < K; ++k) v.push_back(Rc(t, k, a, m));
-    return mean_valid(v);
-  };
-  stats.stats = {ap(-1, 0, 2, -1), ap(0, 0, 2, -1), ap(5, 0, 2, -1), ap(-1, 1, 2, -1), ap(-1, 2, 2, -1), ap(-1, 3, 2, -1),
-                 ar(0, 0),         ar(0, 1),        ar(0, 2),        ar(1, 2),         ar(2, 2),         ar(3, 2)};
+  }
+
+  size_t K;
+  std::vector<double> precision, recall;
+};
+
+// Class k's images evaluated at every area range, then its precision and recall curves.
+CocoStats::PerClass evaluate_class(const Groups& groups, int64_t cat, size_t k, Curves& curves) {
+  CocoStats::PerClass pc;
+  pc.category_id = cat;
+  std::vector<std::array<ImageEval, kA>> evals;
+  for (auto it = groups.lower_bound({cat, INT64_MIN}); it != groups.end() && it->first.first == cat; ++it) {
+    std::array<ImageEval, kA> e;
+    for (int a = 0; a < kA; ++a) e[size_t(a)] = evaluate_image(it->second.first, it->second.second, kArea[a]);
+    pc.instances += e[0].counted_gt;
+    pc.images += e[0].counted_gt > 0;
+    evals.push_back(std::move(e));
+  }
+  for (int a = 0; a < kA; ++a)
+    for (int m = 0; m < kM; ++m) {
+      int64_t npig = 0;
+      for (const auto& e : evals) npig += e[size_t(a)].counted_gt;
+      if (npig == 0) continue;
+      for (int t = 0; t < kT; ++t) {
+        // Every image's first maxDet detections, merged by score (stable, as mergesort).
+        std::vector<std::pair<double, std::pair<char, char>>> dets;
+        for (const auto& e : evals) {
+          const ImageEval& ie = e[size_t(a)];
+          for (size_t i = 0; i < ie.scores.size() && i < size_t(kMaxDets[m]); ++i)
+            dets.push_back({ie.scores[i], {ie.matched[t][i], ie.ignored[t][i]}});
+        }
+        std::stable_sort(dets.begin(), dets.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+        double pr[kR];
+        precision_recall(dets, npig, pr, &curves.recall[curves.r_at(t, k, a, m)]);
+        for (int r = 0; r < kR; ++r) curves.precision[curves.p_at(t, r, k, a, m)] = pr[r];
+      }
+    }
+  return pc;
+}
+
+}  // namespace
+
+CocoStats coco_evaluate(const std::vector<CocoBox>& gts, const std::vector<CocoBox>& dts,
+                        const std::vector<int64_t>& image_ids, const std::vector<int64_t>& category_ids) {
+  const std::set<int64_t> images(image_ids.begin(), image_ids.end());
+  std::map<int64_t, size_t> cat_index;
+  for (size_t k = 0; k < category_ids.size(); ++k) cat_index[category_ids[k]] = k;
+  const Groups groups = group_boxes(gts, dts, images, cat_index);
+  const size_t K = category_ids.size();
+  Curves c(K);
+  CocoStats stats;
+  for (size_t k = 0; k < K; ++k) stats.per_class.push_back(evaluate_class(groups, category_ids[k], k, c));
+  stats.stats = {c.ap(-1, 0, 2, -1), c.ap(0, 0, 2, -1), c.ap(5, 0, 2, -1), c.ap(-1, 1, 2, -1), c.ap(-1, 2, 2, -1), c.ap(-1, 3, 2, -1),
+                 c.ar(0, 0),         c.ar(0, 1),        c.ar(0, 2),        c.ar(1, 2),         c.ar(2, 2),         c.ar(3, 2)};
   for (size_t k = 0; k < K; ++k) {
-    stats.per_class[k].ap = ap(-1, 0, 2, int64_t(k));
-    stats.per_class[k].ap50 = ap(0, 0, 2, int64_t(k));
+    stats.per_class[k].ap = c.ap(-1, 0, 2, int64_t(k));
+    stats.per_class[k].ap50 = c.ap(0, 0, 2, int64_t(k));
   }
   return stats;
 }
@@ -330,14 +352,10 @@ Json coco_stats_json(const CocoStats& s, const std::vector<std::string>& names) 
   Json per = Json::array();
   for (size_t k = 0; k < s.per_class.size(); ++k) {
     const auto& c = s.per_class[k];
-    Json r = Json::object();
-    r["category_id"] = c.category_id;
-    if (k < names.size()) r["name"] = names[k];
-    r["images"] = c.images;
-    r["instances"] = c.instances;
-    r["AP50"] = c.ap50;
-    r["AP"] = c.ap;
-    per.push_back(std::move(r));
+    Json::Members m = {{"category_id", c.category_id}};
+    if (k < names.size()) m.emplace_back("name", names[k]);
+    m.insert(m.end(), {{"images", c.images}, {"instances", c.instances}, {"AP50", c.ap50}, {"AP", c.ap}});
+    per.push_back(Json::object(std::move(m)));
   }
   j["per_class"] = per;
   return j;

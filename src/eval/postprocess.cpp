@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "headroom/core/errors.h"
-#include "headroom/losses/anchors.h"
+#include "headroom/models/anchors.h"
 
 namespace headroom::eval {
 
@@ -103,9 +103,9 @@ Candidates decode_candidates(const models::DetectorInfo& info, const models::Hea
   at::NoGradGuard no_grad;
   if (info.family == "yolov8") {
     const auto& feats = out.at("pred");
-    auto [dist, logits] = losses::split_yolov8(feats, info.reg_max);
-    const losses::AnchorGrid grid = losses::make_anchor_grid(feats, info.strides, 0.5);
-    const at::Tensor boxes = losses::dist_to_bbox(losses::dfl_expectation(dist.to(at::kFloat), info.reg_max), grid.points) * grid.strides;
+    auto [dist, logits] = models::split_yolov8(feats, info.reg_max);
+    const models::AnchorGrid grid = models::make_anchor_grid(feats, info.strides, 0.5);
+    const at::Tensor boxes = models::dist_to_bbox(models::dfl_expectation(dist.to(at::kFloat), info.reg_max), grid.points) * grid.strides;
     return {boxes, logits.to(at::kFloat).sigmoid()};
   }
   if (info.family == "yolov5") {

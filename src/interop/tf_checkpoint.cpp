@@ -10,7 +10,7 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
-#include "headroom/core/record_file.h"
+#include "headroom/core/checksum.h"
 #include "headroom/proto/tensor_bundle.pb.h"
 
 namespace headroom::interop {

@@ -3,7 +3,6 @@
 
 #include <memory>
 
-#include "headroom/losses/anchors.h"
 #include "headroom/losses/loss.h"
 
 namespace headroom::losses {

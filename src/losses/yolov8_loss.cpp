@@ -2,43 +2,12 @@
 // all over every anchor with masks (no boolean indexing: no device sync, fixed shapes).
 #include <ATen/ATen.h>
 
-#include "headroom/losses/anchors.h"
+#include "headroom/models/anchors.h"
 #include "headroom/losses/assigner.h"
 #include "headroom/losses/box_ops.h"
 #include "losses_internal.h"
 
 namespace headroom::losses {
-
-AnchorGrid make_anchor_grid(const std::vector<at::Tensor>& feats, const std::vector<int64_t>& strides, double offset) {
-  std::vector<at::Tensor> points, stride;
-  const auto opt = feats[0].options().dtype(at::kFloat);
-  for (size_t i = 0; i < feats.size(); ++i) {
-    const int64_t h = feats[i].size(-2), w = feats[i].size(-1);
-    const at::Tensor sx = at::arange(w, opt) + offset, sy = at::arange(h, opt) + offset;
-    const auto grid = at::meshgrid({sy, sx}, "ij");
-    points.push_back(at::stack({grid[1], grid[0]}, -1).view({-1, 2}));
-    stride.push_back(at::full({h * w, 1}, double(strides[i]), opt));
-  }
-  return {at::cat(points), at::cat(stride)};
-}
-
-at::Tensor dfl_expectation(const at::Tensor& dist, int64_t reg_max) {
-  const auto s = dist.sizes();
-  const at::Tensor proj = at::arange(reg_max, dist.options());
-  return dist.view({s[0], s[1], 4, reg_max}).softmax(-1).matmul(proj);  // [B, A, 4]
-}
-
-at::Tensor dist_to_bbox(const at::Tensor& ltrb, const at::Tensor& points) {
-  return at::cat({points - ltrb.narrow(-1, 0, 2), points + ltrb.narrow(-1, 2, 2)}, -1);
-}
-
-std::pair<at::Tensor, at::Tensor> split_yolov8(const std::vector<at::Tensor>& feats, int64_t reg_max) {
-  std::vector<at::Tensor> flat;
-  const int64_t B = feats[0].size(0), no = feats[0].size(1);
-  for (const auto& f : feats) flat.push_back(f.view({B, no, -1}));
-  const at::Tensor pred = at::cat(flat, 2).permute({0, 2, 1});  // [B, A, no]
-  return {pred.narrow(2, 0, 4 * reg_max).contiguous(), pred.narrow(2, 4 * reg_max, no - 4 * reg_max).contiguous()};
-}
 
 namespace {
 
@@ -59,9 +28,9 @@ class Yolov8Loss : public DetectionLoss {
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& feats = outputs.at("pred");
     const int64_t R = info_.reg_max, B = feats[0].size(0);
-    auto [pred_dist, pred_scores] = split_yolov8(feats, R);                 // [B, A, 4R], [B, A, nc]
-    const AnchorGrid grid = make_anchor_grid(feats, info_.strides, 0.5);     // grid units
-    const at::Tensor pred_boxes = dist_to_bbox(dfl_expectation(pred_dist.to(at::kFloat), R), grid.points);  // grid units
+    auto [pred_dist, pred_scores] = models::split_yolov8(feats, R);                 // [B, A, 4R], [B, A, nc]
+    const models::AnchorGrid grid = models::make_anchor_grid(feats, info_.strides, 0.5);     // grid units
+    const at::Tensor pred_boxes = models::dist_to_bbox(models::dfl_expectation(pred_dist.to(at::kFloat), R), grid.points);  // grid units
     const Assignment a = task_aligned_assign(pred_scores.detach().to(at::kFloat).sigmoid(), pred_boxes.detach() * grid.strides,
                                              grid.points * grid.strides, t.classes, t.boxes.to(at::kFloat), t.mask, assigner_);
     const at::Tensor cls = at::binary_cross_entropy_with_logits(pred_scores.to(at::kFloat), a.target_scores, {}, {},

@@ -83,18 +83,7 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t n) HEADROOM_ALLOCATE_CONST {
   size_t block = 0;
   if (n + kHeader < kCachedFrom) {
     const size_t bytes = n + kHeader;
-    active_.fetch_add(int64_t(bytes));
-    const int64_t limit = limit_.load();
-    if (limit > 0 && active_.load() + cached_.load() > limit) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      bool evicted = false;
-      while (active_.load() + cached_.load() > limit && !by_age_.empty()) evict_oldest(), evicted = true;
-      if (evicted) evictions_.fetch_add(1);
-      if (active_.load() + cached_.load() > limit) {
-        active_.fetch_sub(int64_t(bytes));
-        out_of_memory(n, (" under a budget of " + format_bytes(double(limit))).c_str());
-      }
-    }
+    reserve(bytes, n, /*locked=*/false);
     try {
       base = c10::alloc_cpu(bytes);
     } catch (...) {
@@ -126,7 +115,7 @@ void* CachingCpuAllocator::allocate_block(size_t bytes, size_t n, size_t* block)
     return base;
   }
   *block = bytes;
-  reserve(bytes, n);
+  reserve(bytes, n, /*locked=*/true);
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
     active_.fetch_sub(int64_t(bytes));
@@ -137,10 +126,12 @@ void* CachingCpuAllocator::allocate_block(size_t bytes, size_t n, size_t* block)
   return base;
 }
 
-void CachingCpuAllocator::reserve(size_t bytes, size_t n) const {
+void CachingCpuAllocator::reserve(size_t bytes, size_t n, bool locked) const {
   active_.fetch_add(int64_t(bytes));
   const int64_t limit = limit_.load();
   if (limit <= 0 || active_.load() + cached_.load() <= limit) return;
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);  // the cache is touched only near the limit
+  if (!locked) lock.lock();
   bool evicted = false;
   while (active_.load() + cached_.load() > limit && !by_age_.empty()) evict_oldest(), evicted = true;
   if (evicted) evictions_.fetch_add(1);

@@ -75,7 +75,7 @@ MemoryMonitor& Governor::monitor(train::Trainer& t) const {
 int64_t Governor::least(const train::Trainer& t) { return std::max<int64_t>(1, t.loader().options().min_batch()); }
 
 int64_t Governor::micro_batch(const train::Trainer& t) const {
-  const int64_t b = t.options().batch();
+  const int64_t b = t.batch();
   return micro_ > 0 ? std::min(micro_, b) : b;
 }
 
@@ -174,7 +174,7 @@ void Governor::record(train::Trainer& t, std::string action, std::string reason)
 
 void Governor::before_train(train::Trainer& t) {
   MemoryMonitor& m = monitor(t);
-  t.set_executor(this);
+  TORCH_CHECK(t.executor() == this, "the memory governor is registered but does not run the steps: install it with set_executor");
   check_on_device(t);
   if (o_.budget() > 0) m.set_limit(o_.budget());
   if (recompute_all_) t.model().set_recompute(models::RecomputeMode::all);
@@ -188,7 +188,7 @@ void Governor::before_train(train::Trainer& t) {
   spdlog::info("memory: budget {} on {} (aiming under {} with {:.0f}% headroom), {} in use; micro-batch {} of loader batch {}{}",
                o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"), t.device().str(),
                format_bytes(double(usable_budget(o_.budget(), o_.headroom()))), 100 * o_.headroom(),
-               format_bytes(double(s.allocated)), micro_batch(t), t.options().batch(),
+               format_bytes(double(s.allocated)), micro_batch(t), t.batch(),
                o_.recover() ? "" : "; memory.governor off: an out-of-memory error stops the run");
 }
 
@@ -228,9 +228,9 @@ void Governor::after_step(train::Trainer& t) {
   } else if (retry_run_ >= o_.retry_steps() && m > floor) {
     press("the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
-  } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.options().batch() && ++calm_steps_ >= o_.grow_after() &&
+  } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.batch() && ++calm_steps_ >= o_.grow_after() &&
              s.peak_allocated * 2 < usable) {
-    const int64_t next = std::min<int64_t>(m * 2, t.options().batch());
+    const int64_t next = std::min<int64_t>(m * 2, t.batch());
     micro_ = next;
     record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
            std::to_string(calm_steps_) + " steps with peak " + format_bytes(double(s.peak_allocated)) +

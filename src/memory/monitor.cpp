@@ -45,18 +45,10 @@ class CpuMonitor final : public MemoryMonitor {
 }  // namespace
 
 Json memory_stats_json(const MemoryStats& s) {
-  Json j = Json::object();
-  j["allocated"] = s.allocated;
-  j["reserved"] = s.reserved;
-  j["active"] = s.active;
-  j["peak_allocated"] = s.peak_allocated;
-  j["peak_active"] = s.peak_active;
-  j["peak_reserved"] = s.peak_reserved;
-  j["alloc_retries"] = s.alloc_retries;
-  j["ooms"] = s.ooms;
-  j["limit"] = s.limit;
-  j["fragmentation"] = s.fragmentation();
-  return j;
+  return Json::object({{"allocated", s.allocated}, {"reserved", s.reserved}, {"active", s.active},
+                       {"peak_allocated", s.peak_allocated}, {"peak_active", s.peak_active}, {"peak_reserved", s.peak_reserved},
+                       {"alloc_retries", s.alloc_retries}, {"ooms", s.ooms}, {"limit", s.limit},
+                       {"fragmentation", s.fragmentation()}});
 }
 
 std::unique_ptr<MemoryMonitor> make_memory_monitor(c10::Device device) {

@@ -1,4 +1,4 @@
-#include "layers.h"
+#include "headroom/models/layers.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/upsampling.h>

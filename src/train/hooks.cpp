@@ -154,8 +154,8 @@ class LogHook : public Hook {
     const TrainerOptions& o = t.options();
     spdlog::info("training {} ({} parameters) on {}: {} images, loader batch {}{} x {} accumulated = {} per step, {} steps per epoch, "
                  "{} epochs = {} steps; {} with lr0 {}, {} schedule; amp {}; EMA {}",
-                 t.model().yaml_file(), t.model().parameter_count(), t.device().str(), t.train_split().samples.size(), o.batch(),
-                 t.world() > 1 ? fmt::format(" x {} ranks", t.world()) : "", t.accumulate(), o.batch() * t.world() * t.accumulate(),
+                 t.model().yaml_file(), t.model().parameter_count(), t.device().str(), t.train_split().samples.size(), t.batch(),
+                 t.world() > 1 ? fmt::format(" x {} ranks", t.world()) : "", t.accumulate(), t.batch() * t.world() * t.accumulate(),
                  t.steps_per_epoch(), t.epochs(), t.total_steps(),
                  to_string(o.optimizer().kind()), o.schedule().lr0(), to_string(o.schedule().kind()), to_string(t.amp()),
                  t.ema() ? "on" : "off");
@@ -403,6 +403,5 @@ void register_default_hooks(Trainer& t, const Config& c) {
 
 void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
 bool interrupt_requested() { return g_interrupt.load(); }
-void request_interrupt() { g_interrupt.store(true); }
 
 }  // namespace headroom::train

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "headroom/core/record_file.h"
+#include "headroom/data/record_file.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
@@ -124,14 +124,14 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& 
   }
   if (int64_t(size) > bytes)
     spdlog::info("{}: events written after the checkpoint (by the run it replaces) cut off", path);
-  file_ = std::make_unique<RecordWriter>(path, bytes);
+  file_ = std::make_unique<data::RecordWriter>(path, bytes);
 }
 
 void TensorBoardWriter::create(const std::string& dir) {
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   const auto now = std::chrono::system_clock::now().time_since_epoch();
-  file_ = std::make_unique<RecordWriter>(
+  file_ = std::make_unique<data::RecordWriter>(
       dir + "/events.out.tfevents." + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count()) +
       "." + host + "." + std::to_string(::getpid()));
   const std::string version = "brain.Event:2";
@@ -151,14 +151,14 @@ const std::string& TensorBoardWriter::path() const { return file_->path(); }
 int64_t TensorBoardWriter::bytes() const { return file_->bytes(); }
 
 std::vector<TensorBoardScalar> read_tensorboard_scalars(const std::string& path) {
-  const RecordReader reader(path);
-  const RecordReader::Index index = reader.index();
+  const data::RecordReader reader(path);
+  const data::RecordReader::Index index = reader.index();
   if (index.error) throw *index.error;
   std::vector<TensorBoardScalar> out;
-  for (const RecordSpan& span : index.spans) {
+  for (const data::RecordSpan& span : index.spans) {
     tf::Event e;
     if (!e.ParseFromString(reader.read(span.offset)))
-      throw RecordError(path, span.offset, "not a TensorBoard Event message");
+      throw data::RecordError(path, span.offset, "not a TensorBoard Event message");
     if (!e.has_summary()) continue;
     for (const auto& v : e.summary().value())
       out.push_back({v.tag(), v.has_simple_value() ? double(v.simple_value()) : double(NAN), e.step(), e.wall_time()});

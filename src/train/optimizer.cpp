@@ -16,6 +16,87 @@ namespace {
 const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
     {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw},
     {"rmsprop", OptimizerKind::rmsprop}};
+
+// One group's update: its hyper-parameters and the 0-dim tensors the in-place ops take (a plain
+// number operand would be wrapped in a fresh tensor).
+struct GroupStep {
+  double lr = 0, wd = 0, m = 0;
+  double rate = 0;  // Adam: -lr / (1 - beta1^t), from the host-side step count (this path syncs anyway)
+  at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;  // beta2: RMSprop's rho
+};
+
+// `step`: the group's step counter; `device`: the parameters' options (the factors' device and dtype).
+GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const OptimizerOptions& o, const at::TensorOptions& device) {
+  const auto scalar = [&](double v) { return at::full({}, v, device); };
+  const bool adam = o.kind() == OptimizerKind::adam || o.kind() == OptimizerKind::adamw;
+  GroupStep s;
+  s.lr = g.lr, s.wd = g.weight_decay, s.m = g.momentum;
+  s.one = at::ones({}, step.options());
+  s.momentum = scalar(g.momentum);
+  s.decay = scalar(1 - g.lr * g.weight_decay);
+  if (adam) {
+    const double t = step.item<double>() + 1;
+    s.beta2 = scalar(o.beta2());
+    s.bc2_sqrt = scalar(std::sqrt(1 - std::pow(o.beta2(), t)));
+    s.eps = scalar(o.eps());
+    s.rate = -g.lr / (1 - std::pow(g.momentum, t));
+  } else if (o.kind() == OptimizerKind::rmsprop) {
+    s.beta2 = scalar(o.rho());
+    s.eps = scalar(o.eps());
+  }
+  return s;
+}
+
+// `mom`: the momentum buffer, `ms`: the mean square; `workspace`: at least p's size.
+void rmsprop_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& mom, at::Tensor& ms, const at::Tensor& workspace,
+                    const GroupStep& s, const OptimizerOptions& o) {
+  // TF has two kernels: ApplyRMSProp (momentum; eps inside the root, the rate inside the
+  // buffer) and the plain update (eps outside the root).
+  at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
+  ms.mul_(s.beta2).addcmul_(grad, grad, 1 - o.rho());
+  if (s.wd != 0) p.mul_(s.decay);
+  if (s.m != 0) {
+    ws.copy_(ms).add_(s.eps).sqrt_();
+    mom.mul_(s.momentum).addcdiv_(grad, ws, s.lr);
+    p.sub_(mom);
+  } else {
+    at::sqrt_out(ws, ms).add_(s.eps);
+    p.addcdiv_(grad, ws, -s.lr);
+  }
+}
+
+void sgd_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, const GroupStep& s, const OptimizerOptions& o) {
+  // buf = m buf + (g + wd p); p -= lr (g + wd p + m buf) [nesterov] or lr buf
+  const double lr = s.lr, wd = s.wd, m = s.m;
+  if (m != 0) {
+    buf.mul_(s.momentum).add_(grad);
+    if (wd != 0) buf.add_(p, wd);
+  }
+  const bool nesterov = m != 0 && o.nesterov();
+  if (m != 0 && !nesterov) {
+    p.add_(buf, -lr);
+    return;
+  }
+  if (wd != 0) p.mul_(s.decay);
+  p.add_(grad, -lr);
+  if (nesterov) p.add_(buf, -lr * m);
+}
+
+// Adam and AdamW; `workspace`: at least p's size.
+void adam_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const at::Tensor& workspace,
+                 const GroupStep& s, const OptimizerOptions& o) {
+  // d = g (+ wd p for Adam's L2 decay), in the workspace; then the moments, then
+  // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, reusing the workspace.
+  at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
+  const bool l2 = o.kind() == OptimizerKind::adam && s.wd != 0;
+  const at::Tensor& d = l2 ? ws.copy_(grad).add_(p, s.wd) : grad;
+  exp_avg.mul_(s.momentum).add_(d, 1 - s.m);
+  exp_avg_sq.mul_(s.beta2).addcmul_(d, d, 1 - o.beta2());
+  at::sqrt_out(ws, exp_avg_sq).div_(s.bc2_sqrt).add_(s.eps);
+  if (o.kind() == OptimizerKind::adamw && s.wd != 0) p.mul_(s.decay);
+  p.addcdiv_(exp_avg, ws, s.rate);
+}
+
 }  // namespace
 
 OptimizerKind optimizer_kind_from(const std::string& word) { return enum_from_word(word, kOptimizerKind); }
@@ -117,88 +198,23 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
   // LibTorch wraps in fresh tensors). An out-of-memory error leaves parameters and state untouched
   // and the governor can re-run the step; the extra memory is bounded by that one workspace.
   const OptimizerKind kind = options_.kind();
-  const bool adam = kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
   const at::Tensor& p0 = active.front().params.front();
   const at::Tensor workspace =
       kind != OptimizerKind::sgd ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
-  struct Factors {
-    at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;  // beta2: RMSprop's rho
-  };
-  std::vector<Factors> factors;
-  std::vector<double> rate;  // Adam: the host-side step count of each group (this path syncs anyway)
-  const auto scalar = [&](double v) { return at::full({}, v, p0.options()); };
-  for (auto& a : active) {
-    const ParamGroup& g = *a.group;
-    Factors f;
-    f.one = at::ones({}, a.step.options());
-    f.momentum = scalar(g.momentum);
-    f.decay = scalar(1 - g.lr * g.weight_decay);
-    if (adam) {
-      const double t = a.step.item<double>() + 1;
-      f.beta2 = scalar(options_.beta2());
-      f.bc2_sqrt = scalar(std::sqrt(1 - std::pow(options_.beta2(), t)));
-      f.eps = scalar(options_.eps());
-      rate.push_back(-g.lr / (1 - std::pow(g.momentum, t)));
-    } else if (kind == OptimizerKind::rmsprop) {
-      f.beta2 = scalar(options_.rho());
-      f.eps = scalar(options_.eps());
-    }
-    factors.push_back(std::move(f));
-  }
+  std::vector<GroupStep> group_steps;
+  for (const auto& a : active) group_steps.push_back(group_step(*a.group, a.step, options_, p0.options()));
   for (size_t i = 0; i < active.size(); ++i) {
     Active& a = active[i];
-    const ParamGroup& g = *a.group;
-    const Factors& f = factors[i];
-    const double lr = g.lr, wd = g.weight_decay, m = g.momentum;
+    const GroupStep& s = group_steps[i];
     for (size_t j = 0; j < a.params.size(); ++j) {
-      at::Tensor& p = a.params[j];
-      const at::Tensor& grad = a.grads[j];
-      if (kind == OptimizerKind::rmsprop) {
-        // TF has two kernels: ApplyRMSProp (momentum; eps inside the root, the rate inside the
-        // buffer) and the plain update (eps outside the root).
-        at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
-        at::Tensor& ms = a.buf2[j];
-        ms.mul_(f.beta2).addcmul_(grad, grad, 1 - options_.rho());
-        if (wd != 0) p.mul_(f.decay);
-        if (m != 0) {
-          ws.copy_(ms).add_(f.eps).sqrt_();
-          a.buf1[j].mul_(f.momentum).addcdiv_(grad, ws, lr);
-          p.sub_(a.buf1[j]);
-        } else {
-          at::sqrt_out(ws, ms).add_(f.eps);
-          p.addcdiv_(grad, ws, -lr);
-        }
-        continue;
-      }
-      if (!adam) {
-        // buf = m buf + (g + wd p); p -= lr (g + wd p + m buf) [nesterov] or lr buf
-        at::Tensor& buf = a.buf1[j];
-        if (m != 0) {
-          buf.mul_(f.momentum).add_(grad);
-          if (wd != 0) buf.add_(p, wd);
-        }
-        const bool nesterov = m != 0 && options_.nesterov();
-        if (m != 0 && !nesterov) {
-          p.add_(buf, -lr);
-          continue;
-        }
-        if (wd != 0) p.mul_(f.decay);
-        p.add_(grad, -lr);
-        if (nesterov) p.add_(buf, -lr * m);
-        continue;
-      }
-      // d = g (+ wd p for Adam's L2 decay), in the workspace; then the moments, then
-      // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, reusing the workspace.
-      at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
-      const bool l2 = kind == OptimizerKind::adam && wd != 0;
-      const at::Tensor& d = l2 ? ws.copy_(grad).add_(p, wd) : grad;
-      a.buf1[j].mul_(f.momentum).add_(d, 1 - m);
-      a.buf2[j].mul_(f.beta2).addcmul_(d, d, 1 - options_.beta2());
-      at::sqrt_out(ws, a.buf2[j]).div_(f.bc2_sqrt).add_(f.eps);
-      if (kind == OptimizerKind::adamw && wd != 0) p.mul_(f.decay);
-      p.addcdiv_(a.buf1[j], ws, rate[i]);
+      if (kind == OptimizerKind::rmsprop)
+        rmsprop_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
+      else if (kind == OptimizerKind::sgd)
+        sgd_update(a.params[j], a.grads[j], a.buf1[j], s, options_);
+      else
+        adam_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
     }
-    a.step.add_(f.one);
+    a.step.add_(s.one);
   }
 }
 

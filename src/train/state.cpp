@@ -1,5 +1,7 @@
 #include "headroom/train/state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -39,10 +41,23 @@ void StateRegistry::load(torch::serialize::InputArchive& archive, const std::str
   }
 }
 
-std::vector<std::string> StateRegistry::names() const {
-  std::vector<std::string> out;
-  for (const auto& e : entries_) out.push_back(e.name);
-  return out;
+void add_generator_state(StateRegistry& registry, c10::Device device) {
+  registry.add(
+      "rng",
+      [device](torch::serialize::OutputArchive& a) {
+        a.write("cpu", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+        if (device.is_cuda()) a.write("cuda", at::globalContext().defaultGenerator(device).get_state(), true);
+      },
+      [device](torch::serialize::InputArchive& a) {
+        at::Tensor rng;
+        a.read("cpu", rng, true);
+        at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
+        cpu_gen.set_state(rng.cpu());
+        if (device.is_cuda() && a.try_read("cuda", rng, true)) {
+          at::Generator cuda_gen = at::globalContext().defaultGenerator(device);
+          cuda_gen.set_state(rng.cpu());
+        }
+      });
 }
 
 void write_json(torch::serialize::OutputArchive& archive, const Json& value) { archive.write("json", c10::IValue(value.dump())); }

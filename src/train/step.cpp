@@ -1,8 +1,132 @@
+// The step primitives executors compose (train/step.h), and the direct executor.
 #include "headroom/train/step.h"
 
+#include <ATen/ATen.h>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/torch_compat.h"
 #include "headroom/train/trainer.h"
 
 namespace headroom::train {
+
+StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
+  if (exchange_) exchange_->begin_attempt();
+  StepInput in;
+  std::vector<at::Tensor> counts;
+  for (const data::HostBatch& batch : batches) {
+    // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
+    // augmentation with per-image parameters drawn there (the same draws on a re-run).
+    StepInput::Batch b;
+    if (augmenter_) {
+      const augment::Batch a = (*augmenter_)(batch, device_);
+      b.images = a.images;
+      b.targets = losses::make_targets(a.boxes, a.classes, a.crowd);
+      if (options_.keep_first_batch() && !first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
+    } else {
+      b.images = eval::model_input(batch.images, device_);
+      b.targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
+      if (options_.keep_first_batch() && !first_batch_) first_batch_ = batch;
+    }
+    if (b.images.device() != device_ || b.targets.boxes.device() != device_)  // metadata only: no sync
+      throw DeviceError("the batch is on " + b.images.device().str() + ", the run trains on " + device_.str());
+    const at::Tensor c = loss_->counts(b.targets, b.images.size(2), b.images.size(3));
+    if (c.defined()) counts.push_back(c);
+    in.images += b.images.size(0);
+    in.batches.push_back(std::move(b));
+  }
+  if (!counts.empty()) in.norm.counts = at::stack(counts).sum(0);  // the whole step's, before any backward
+  if (exchange_) exchange_->sum_normalisers(in.norm.counts, state_.step);
+  in.norm.images = 0;  // over every rank: the loader knows each batch's whole size
+  for (const data::HostBatch& batch : batches) in.norm.images += batch.global_size > 0 ? batch.global_size : batch.size();
+  step_items_ = at::Tensor();
+  step_deferred_ = at::Tensor();
+  notify(StepPhase::input);
+  return in;
+}
+
+void Trainer::forward_backward(const StepInput& in, size_t batch, int64_t start, int64_t length) {
+  const StepInput::Batch& b = in.batches.at(batch);
+  const bool whole = start == 0 && length == b.images.size(0);
+  const at::Tensor x = whole ? b.images : b.images.narrow(0, start, length);
+  const losses::Targets targets = whole ? b.targets : b.targets.narrow(start, length);
+  losses::LossTerms terms;
+  {
+    AutocastGuard autocast(device_.type(), amp_dtype(amp_));
+    models::HeadOutputs out = model_->forward(x);
+    notify(StepPhase::forward);
+    for (auto& [name, levels] : out)  // the loss works in fp32 on the (autocast) head outputs
+      for (auto& level : levels) level = level.to(at::kFloat);
+    terms = (*loss_)(out, targets, in.norm);
+  }
+  notify(StepPhase::loss);
+  at::Tensor total = terms.total.to(at::kFloat);
+  if (terms.deferred.defined()) {
+    // A normaliser that needs the predictions: the accumulated gradients are kept divided by
+    // the step's total so far, and rescaled as this part adds to it (exact whatever the cut).
+    const at::Tensor before = step_deferred_.defined() ? step_deferred_.clamp_min(1) : at::Tensor();
+    step_deferred_ = step_deferred_.defined() ? step_deferred_ + terms.deferred : terms.deferred;
+    const at::Tensor now = step_deferred_.clamp_min(1);  // detached: a constant of the loss
+    const std::vector<at::Tensor> grads = optimizer_->grads();
+    if (before.defined() && !grads.empty()) {
+      at::NoGradGuard no_grad;
+      compat::foreach_mul_(grads, before / now);
+    }
+    total = total / now;
+  }
+  (scaler_ ? scaler_->scale(total) : total).backward();
+  notify(StepPhase::backward);
+  step_items_ = step_items_.defined() ? step_items_ + terms.items : terms.items;
+}
+
+void Trainer::update() {
+  at::NoGradGuard no_grad;
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
+  if (exchange_) {
+    if (!step_items_.defined()) step_items_ = at::zeros({int64_t(counters_->loss_names().size())}, fopt);
+    exchange_->reduce(optimizer_->groups(), *model_, step_items_, step_deferred_, state_.step);
+  }
+  const std::vector<at::Tensor> grads = optimizer_->grads();
+  at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);
+  std::vector<at::Tensor> group_norms;  // [G] double: which group went non-finite, when one did
+  for (const auto& g : optimizer_->groups()) {
+    std::vector<at::Tensor> gg;
+    for (const auto& p : g.params)
+      if (p.grad().defined()) gg.push_back(p.grad());
+    group_norms.push_back(gg.empty() ? at::zeros({}, fopt.dtype(at::kDouble)) : grad_norm(gg));
+  }
+  const at::Tensor norms = at::stack(group_norms);
+  const at::Tensor norm = norms.norm(2);
+  found = at::maximum(found, at::logical_not(at::isfinite(norm)).to(at::kFloat));
+  if (options_.clip_grad() > 0) clip_grads_(grads, norm, options_.clip_grad());
+  // The step's counters are made before anything is committed: an out-of-memory error up to the
+  // optimizer's commit leaves the run as it was, and the commits below allocate nothing.
+  const at::Tensor terms = step_items_.defined() && step_deferred_.defined() ? step_items_ / step_deferred_.clamp_min(1) : step_items_;
+  const DeviceCounters::Tally tally = counters_->tally(terms, found, norms);
+  optimizer_->step(found);  // atomic: an out-of-memory error inside leaves every group untouched
+  if (scaler_) scaler_->update(found);
+  optimizer_->zero_grad();
+  counters_->commit(tally);
+  notify(StepPhase::update);
+}
+
+void Trainer::discard_gradients() {
+  optimizer_->zero_grad();
+  step_items_ = at::Tensor();
+  step_deferred_ = at::Tensor();
+}
+
+StepAgreement Trainer::agree_step(bool failed, bool pressed) {
+  if (exchange_) return exchange_->agree(failed, pressed, interrupt_requested(), state_.step);
+  StepAgreement a;
+  if (failed) a.failed.push_back(0);
+  if (pressed) a.pressed.push_back(0);
+  a.interrupt = interrupt_requested();
+  return a;
+}
+
+void Trainer::abandon_step() {
+  if (exchange_) exchange_->abandon(state_.step);
+}
 
 void DirectExecutor::run(Trainer& t, const std::vector<data::HostBatch>& batches) {
   const StepInput in = t.prepare_step(batches);

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "headroom/core/config.h"
-#include "headroom/core/memory.h"
+#include "headroom/train/memory_monitor.h"
 #include "headroom/data/dataset.h"
 #include "headroom/dist/group.h"
 #include "headroom/memory/governor.h"

@@ -10,5 +10,8 @@ namespace headroom {
 uint32_t crc32(const void* data, size_t size);
 // CRC-32C (Castagnoli): what TFRecord and TensorBoard event files use.
 uint32_t crc32c(const void* data, size_t size);
+// The form TensorFlow stores (TFRecord framing, tensor bundles): CRC-32C rotated right by 15
+// bits plus a constant, so that a CRC computed over data that itself holds CRCs stays well mixed.
+uint32_t masked_crc32c(const void* data, size_t size);
 
 }  // namespace headroom

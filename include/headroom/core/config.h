@@ -241,9 +241,17 @@ struct ConfigKeyInfo {
 };
 const std::vector<ConfigKeyInfo>& config_keys();
 
-// Loads `path` (empty: defaults only) then applies `overrides` ("train.batch=16"). Throws
-// InputError listing every problem, each with its file:line:column or argument.
+// Loads the YAML `path` (empty: defaults only) then applies `overrides` ("train.batch=16"). Throws
+// InputError listing every problem, each with its file:line:column or argument. (A TF OD API
+// pipeline.config is read by interop::load_config_file, which comes here with its settings.)
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// One key set by another format's file: `value` is YAML, `where` the file:line it came from.
+struct ConfigSetting {
+  std::string key, value, where;
+};
+// The config those settings make (`source`: their file), then the overrides; the same checks.
+Config load_config(const std::string& source, const std::vector<ConfigSetting>& settings, const std::vector<std::string>& overrides);
 
 // The resolved configuration, every key, as YAML that load_config reads back unchanged.
 std::string config_to_yaml(const Config& c);

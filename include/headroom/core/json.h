@@ -27,6 +27,9 @@ class Json {
   Json(std::string s) : type_(Type::String), string_(std::move(s)) {}
   static Json array();
   static Json object();
+  // An object with these members, in order: a struct's fields listed once, as one value
+  // (Json::object({{"epoch", s.epoch}, {"step", s.step}})).
+  static Json object(Members members);
 
   Type type() const { return type_; }
   bool is_null() const { return type_ == Type::Null; }

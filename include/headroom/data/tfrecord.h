@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "headroom/core/record_file.h"
+#include "headroom/data/record_file.h"
 #include "headroom/data/dataset.h"
 
 namespace headroom::data {

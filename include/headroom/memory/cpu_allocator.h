@@ -77,9 +77,10 @@ class CachingCpuAllocator final : public c10::Allocator {
   // A block of at least `bytes` (whole pages) for a request of n, cached or fresh; its size in *block.
   void* allocate_block(size_t bytes, size_t n, size_t* block) const;
   void free_block(void* base, size_t bytes) const;
-  // Makes room for `bytes` more reserved memory under the limit, returning cached blocks when
-  // needed (mutex held); throws c10::OutOfMemoryError when they are not enough.
-  void reserve(size_t bytes, size_t n) const;
+  // Counts `bytes` more reserved memory; over the limit, returns cached blocks first (taking the
+  // mutex unless the caller holds it: `locked`), and throws c10::OutOfMemoryError when they are
+  // not enough.
+  void reserve(size_t bytes, size_t n, bool locked) const;
   void evict_oldest() const;  // mutex held
   void raise_peaks() const;
   [[noreturn]] void out_of_memory(size_t n, const char* why) const;

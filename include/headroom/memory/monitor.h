@@ -1,4 +1,4 @@
-// The memory monitors (the interface is core/memory.h) and the budget: what the run's device has
+// The memory monitors (the interface is train/memory_monitor.h) and the budget: what the run's device has
 // in use, read without a device sync, and the limit the run must stay under. CUDA reads the
 // caching allocator's statistics and enforces the budget with its memory fraction; the CPU reads
 // Headroom's caching CPU allocator and enforces the budget by throwing c10::OutOfMemoryError, so
@@ -14,7 +14,8 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/json.h"
-#include "headroom/core/memory.h"
+#include "headroom/core/memory_errors.h"
+#include "headroom/train/memory_monitor.h"
 
 namespace headroom::memory {
 

@@ -180,10 +180,13 @@ class DetectorImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Detector);
 
-// Config -> model spec (model.file, model.scale) with nc from the caller (the data set).
+// The config's model.file, model.scale and input normalisation as a spec, with nc from the
+// caller (the data set). A run's model may instead be the one its model.init_from file carries:
+// interop::run_model builds that.
 ModelSpec model_spec(const Config& c, int64_t nc);
-// Builds the model with the config's options applied (activation checkpointing, channels_last).
-Detector build_detector(const Config& c, int64_t nc);
+// Builds the model `spec` describes with the config's options applied (activation
+// checkpointing, channels_last).
+Detector build_detector(const ModelSpec& spec, const Config& c);
 
 // The smallest batch `model` can run a training forward at, at `size` px (the smallest the run
 // uses): BatchNorm needs more than one value per channel, so a 1x1 map needs 2 images. Probed

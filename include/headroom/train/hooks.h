@@ -14,6 +14,5 @@ void register_default_hooks(Trainer& t, const Config& c);
 // Ctrl-C handling: the first SIGINT asks the loop to stop after the current step.
 void install_interrupt_handler();
 bool interrupt_requested();
-void request_interrupt();  // what the handler does (tests call it)
 
 }  // namespace headroom::train

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace headroom {
+namespace headroom::data {
 class RecordWriter;
 }
 
@@ -57,7 +57,7 @@ class TensorBoardWriter {
 
  private:
   void create(const std::string& dir);
-  std::unique_ptr<RecordWriter> file_;
+  std::unique_ptr<data::RecordWriter> file_;
 };
 
 struct TensorBoardScalar {

@@ -17,7 +17,7 @@
 #include "headroom/models/detector.h"
 #include "headroom/models/weights.h"
 
-namespace headroom::models {
+namespace headroom::interop {
 
 struct OnnxExportOptions {
   TORCH_ARG(int64_t, imgsz) = 640;   // square input side, a multiple of the model's stride
@@ -30,6 +30,6 @@ struct OnnxExportOptions {
 // ONNX checker and shape inference, then writes the file whole or not at all. Metadata:
 // names, stride, imgsz, batch, task as Ultralytics writes them. Error on a module it cannot
 // write.
-void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o);
+void export_onnx(models::DetectorImpl& model, const models::WeightsInfo& info, const std::string& path, const OnnxExportOptions& o);
 
-}  // namespace headroom::models
+}  // namespace headroom::interop

@@ -1,4 +1,4 @@
-#include "headroom/models/weights_import.h"
+#include "headroom/interop/weights_import.h"
 
 #include <ATen/ATen.h>
 #include <yaml-cpp/yaml.h>
@@ -18,12 +18,13 @@
 #include "headroom/interop/tf_checkpoint.h"
 #include "headroom/interop/torch_file.h"
 
-namespace headroom::models {
+namespace headroom::interop {
+
+using namespace models;
 
 namespace {
 
-using interop::PyValue;
-using Kind = interop::PyValue::Kind;
+using Kind = PyValue::Kind;
 
 // The model YAML a checkpoint pickles (a dict) as YAML text for our model builder.
 void emit(YAML::Emitter& e, const PyValue& v, int depth = 0) {
@@ -258,6 +259,104 @@ bool in_class_branch(const std::string& family, const std::string& name) {
   return name.rfind(prefix, 0) == 0;
 }
 
+// A TF OD API CenterNet checkpoint (the prefix of its .index and .data files).
+void read_tf_centernet_weights(ImportedWeights& w, const std::string& prefix, bool shapes_only) {
+  w.source = "TF OD API CenterNet checkpoint";
+  w.tensors = tf_centernet_tensors(read_tf_checkpoint(prefix, !shapes_only));
+  w.self_contained = false;
+  // The architecture off the tensors, read through xingyizhou's names (the same network).
+  std::vector<std::pair<std::string, at::Tensor>> renamed;
+  for (const auto& [k, v] : w.tensors) {
+    renamed.emplace_back(rewrite(k, centernet_rules()), v);
+  }
+  w.model = centernet_spec(renamed, w.path);
+}
+
+// A safetensors file: Headroom's carries its model YAML and class names in the metadata.
+void read_safetensors_weights(ImportedWeights& w) {
+  const std::string& path = w.path;
+  SafeTensors st = read_safetensors(path);
+  w.tensors = std::move(st.tensors);
+  w.source = "safetensors";
+  const auto yaml = st.metadata.find("headroom_model_yaml");
+  if (yaml != st.metadata.end()) {
+    w.naming = Naming::headroom;
+    w.source = "Headroom safetensors";
+    ModelSpec s;
+    s.text = yaml->second;
+    s.file = st.metadata.count("headroom_model_file") ? st.metadata["headroom_model_file"] : path;
+    s.scale = st.metadata["headroom_scale"];
+    const std::optional<int64_t> nc = parse_int(st.metadata["headroom_nc"]);
+    if (!nc || *nc < 1) throw InputError(path + ": damaged Headroom safetensors: metadata headroom_nc is '" + st.metadata["headroom_nc"] + "'");
+    s.nc = *nc;
+    w.model = s;
+    if (st.metadata.count("headroom_names")) {
+      const Json names = Json::parse(st.metadata["headroom_names"], path + " (metadata headroom_names)");
+      for (const auto& n : names.items()) w.names.push_back(n.as_string());
+    }
+  } else {
+    w.naming = guess_naming(w.tensors);
+  }
+  if (w.naming == Naming::centernet && !w.model) w.model = with_centernet_input(centernet_spec(w.tensors, path));
+}
+
+// read_torch_file, its error saying that the file may also be a truncated Headroom archive.
+TorchFile read_torch_file_explained(const std::string& path) {
+  try {
+    return read_torch_file(path);
+  } catch (const InputError& e) {  // a cut Headroom file is a zip archive without its end marker too
+    throw InputError(path + ": not a Headroom weights file, or truncated (no end marker); read as a torch.save file: " +
+                     std::string(e.what()).substr(path.size() + 2));
+  }
+}
+
+// Ultralytics / YOLOv5: a pickled DetectionModel, its architecture in the model YAML it carries.
+void read_detection_model(ImportedWeights& w, const PyValue& root, const PyValue& model) {
+  const std::string& path = w.path;
+  const bool ultralytics = model.text.rfind("ultralytics.", 0) == 0;
+  const PyValue* version = root.get("version");
+  w.source = std::string(ultralytics ? "Ultralytics" : "YOLOv5") +
+             (version && version->kind == Kind::string ? " " + version->text : "") + " " + model.text.substr(model.text.rfind('.') + 1);
+  w.naming = Naming::ultralytics;
+  w.tensors = module_state(model);
+  if (w.tensors.empty()) throw InputError(path + ": its " + model.describe() + " holds no tensors");
+  const PyValue* yaml = model.get("yaml");
+  if (!yaml || !yaml->is_dict())
+    throw InputError(path + ": its " + model.describe() + " carries no model YAML ('yaml'), so its architecture is unknown");
+  ModelSpec s;
+  // "best.pt:yolov8n.yaml": the YAML inside the checkpoint, by the name the library gave it
+  const PyValue* name = yaml->get("yaml_file");
+  s.file = path + ":" + (name && name->kind == Kind::string && !name->text.empty() ? name->text : std::string("model.yaml"));
+  try {
+    s.text = yaml_text(*yaml);
+  } catch (const std::exception& e) {
+    throw InputError(path + ": cannot read its model YAML: " + e.what());
+  }
+  if (const PyValue* sc = yaml->get("scale"); sc && sc->kind == Kind::string) s.scale = sc->text;
+  if (const PyValue* nc = yaml->get("nc"); nc && nc->kind == Kind::integer) s.nc = nc->integer;
+  w.model = s;
+  w.names = class_names(model.get("names"));
+}
+
+// A state_dict, bare or under 'state_dict' (CenterNet checkpoints); the naming guessed off its keys.
+void read_state_dict(ImportedWeights& w, const PyValue& root) {
+  const PyValue* sd = root.get("state_dict");
+  if (!sd) sd = &root;
+  w.tensors = module_state(*sd);
+  if (w.tensors.empty()) {
+    std::string keys;
+    for (const auto& [k, v] : root.entries) keys += (keys.empty() ? "" : ", ") + k->describe();
+    throw InputError(w.path + ": a torch.save file holding " + root.describe() + (keys.empty() ? "" : " with keys " + keys) +
+                     "; expected an Ultralytics or YOLOv5 checkpoint ('model' or 'ema'), a CenterNet checkpoint ('state_dict') "
+                     "or a state_dict of tensors");
+  }
+  for (auto& [k, v] : w.tensors)
+    if (k.rfind("module.", 0) == 0) k = k.substr(7);  // DataParallel
+  w.naming = guess_naming(w.tensors);
+  w.source = w.naming == Naming::centernet ? "CenterNet state_dict" : "state_dict";
+  if (w.naming == Naming::centernet) w.model = with_centernet_input(centernet_spec(w.tensors, w.path));
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model, Naming naming) {
@@ -306,98 +405,25 @@ std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model,
 ImportedWeights read_imported_weights(const std::string& path, bool shapes_only) {
   ImportedWeights w;
   w.path = path;
-  if (const std::string prefix = interop::tf_checkpoint_prefix(path); !prefix.empty()) {
-    w.source = "TF OD API CenterNet checkpoint";
-    w.tensors = tf_centernet_tensors(interop::read_tf_checkpoint(prefix, !shapes_only));
-    w.self_contained = false;
-    // The architecture off the tensors, read through xingyizhou's names (the same network).
-    std::vector<std::pair<std::string, at::Tensor>> renamed;
-    for (const auto& [k, v] : w.tensors) {
-      renamed.emplace_back(rewrite(k, centernet_rules()), v);
-    }
-    w.model = centernet_spec(renamed, path);
+  if (const std::string prefix = tf_checkpoint_prefix(path); !prefix.empty()) {
+    read_tf_centernet_weights(w, prefix, shapes_only);
     return w;
   }
   if (!std::filesystem::is_regular_file(path)) throw InputError(path + ": weights file not found");
-  if (interop::looks_like_safetensors(path)) {
-    interop::SafeTensors st = interop::read_safetensors(path);
-    w.tensors = std::move(st.tensors);
-    w.source = "safetensors";
-    const auto yaml = st.metadata.find("headroom_model_yaml");
-    if (yaml != st.metadata.end()) {
-      w.naming = Naming::headroom;
-      w.source = "Headroom safetensors";
-      ModelSpec s;
-      s.text = yaml->second;
-      s.file = st.metadata.count("headroom_model_file") ? st.metadata["headroom_model_file"] : path;
-      s.scale = st.metadata["headroom_scale"];
-      const std::optional<int64_t> nc = parse_int(st.metadata["headroom_nc"]);
-      if (!nc || *nc < 1) throw InputError(path + ": damaged Headroom safetensors: metadata headroom_nc is '" + st.metadata["headroom_nc"] + "'");
-      s.nc = *nc;
-      w.model = s;
-      if (st.metadata.count("headroom_names")) {
-        const Json names = Json::parse(st.metadata["headroom_names"], path + " (metadata headroom_names)");
-        for (const auto& n : names.items()) w.names.push_back(n.as_string());
-      }
-    } else {
-      w.naming = guess_naming(w.tensors);
-    }
-    if (w.naming == Naming::centernet && !w.model) w.model = with_centernet_input(centernet_spec(w.tensors, path));
+  if (looks_like_safetensors(path)) {
+    read_safetensors_weights(w);
     return w;
   }
-  if (!interop::looks_like_torch_file(path))
+  if (!looks_like_torch_file(path))
     throw InputError(path + ": not a weights file Headroom reads (a Headroom .pt, a torch.save file or safetensors)");
-  interop::TorchFile tf;
-  try {
-    tf = interop::read_torch_file(path);
-  } catch (const InputError& e) {  // a cut Headroom file is a zip archive without its end marker too
-    throw InputError(path + ": not a Headroom weights file, or truncated (no end marker); read as a torch.save file: " +
-                     std::string(e.what()).substr(path.size() + 2));
-  }
+  const TorchFile tf = read_torch_file_explained(path);
   const PyValue& root = *tf.root;
   const PyValue* ema = root.get("ema");
   const PyValue* model = ema && ema->is_object() ? ema : root.get("model");
-  if (model && model->is_object()) {  // Ultralytics / YOLOv5: a pickled DetectionModel
-    const bool ultralytics = model->text.rfind("ultralytics.", 0) == 0;
-    const PyValue* version = root.get("version");
-    w.source = std::string(ultralytics ? "Ultralytics" : "YOLOv5") +
-               (version && version->kind == Kind::string ? " " + version->text : "") + " " + model->text.substr(model->text.rfind('.') + 1);
-    w.naming = Naming::ultralytics;
-    w.tensors = interop::module_state(*model);
-    if (w.tensors.empty()) throw InputError(path + ": its " + model->describe() + " holds no tensors");
-    const PyValue* yaml = model->get("yaml");
-    if (!yaml || !yaml->is_dict())
-      throw InputError(path + ": its " + model->describe() + " carries no model YAML ('yaml'), so its architecture is unknown");
-    ModelSpec s;
-    // "best.pt:yolov8n.yaml": the YAML inside the checkpoint, by the name the library gave it
-    const PyValue* name = yaml->get("yaml_file");
-    s.file = path + ":" + (name && name->kind == Kind::string && !name->text.empty() ? name->text : std::string("model.yaml"));
-    try {
-      s.text = yaml_text(*yaml);
-    } catch (const std::exception& e) {
-      throw InputError(path + ": cannot read its model YAML: " + e.what());
-    }
-    if (const PyValue* sc = yaml->get("scale"); sc && sc->kind == Kind::string) s.scale = sc->text;
-    if (const PyValue* nc = yaml->get("nc"); nc && nc->kind == Kind::integer) s.nc = nc->integer;
-    w.model = s;
-    w.names = class_names(model->get("names"));
-    return w;
-  }
-  const PyValue* sd = root.get("state_dict");
-  if (!sd) sd = &root;
-  w.tensors = interop::module_state(*sd);
-  if (w.tensors.empty()) {
-    std::string keys;
-    for (const auto& [k, v] : root.entries) keys += (keys.empty() ? "" : ", ") + k->describe();
-    throw InputError(path + ": a torch.save file holding " + root.describe() + (keys.empty() ? "" : " with keys " + keys) +
-                     "; expected an Ultralytics or YOLOv5 checkpoint ('model' or 'ema'), a CenterNet checkpoint ('state_dict') "
-                     "or a state_dict of tensors");
-  }
-  for (auto& [k, v] : w.tensors)
-    if (k.rfind("module.", 0) == 0) k = k.substr(7);  // DataParallel
-  w.naming = guess_naming(w.tensors);
-  w.source = w.naming == Naming::centernet ? "CenterNet state_dict" : "state_dict";
-  if (w.naming == Naming::centernet) w.model = with_centernet_input(centernet_spec(w.tensors, path));
+  if (model && model->is_object())
+    read_detection_model(w, root, *model);
+  else
+    read_state_dict(w, root);
   return w;
 }
 
@@ -466,7 +492,7 @@ std::optional<ModelSpec> carried_model(const std::string& path) {
   static std::mutex mutex;
   static std::map<std::string, std::pair<std::filesystem::file_time_type, std::optional<ModelSpec>>> cache;
   std::error_code ec;
-  const std::string tf_prefix = interop::tf_checkpoint_prefix(path);
+  const std::string tf_prefix = tf_checkpoint_prefix(path);
   const auto stamp = std::filesystem::last_write_time(tf_prefix.empty() ? path : tf_prefix + ".index", ec);
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(path);
@@ -502,7 +528,7 @@ LoadedWeights load_any_weights(const std::string& path, c10::Device device) {
 }
 
 void save_safetensors_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path, bool half) {
-  interop::SafeTensors st;
+  SafeTensors st;
   for (const auto& p : model.named_parameters()) st.tensors.emplace_back(p.key(), p.value());
   for (const auto& b : model.named_buffers()) st.tensors.emplace_back(b.key(), b.value());
   if (half)
@@ -516,7 +542,7 @@ void save_safetensors_weights(DetectorImpl& model, const WeightsInfo& info, cons
                  {"headroom_scale", model.scale()},
                  {"headroom_nc", std::to_string(model.info().nc)},
                  {"headroom_names", names.dump()}};
-  interop::write_safetensors(path, st);
+  write_safetensors(path, st);
 }
 
-}  // namespace headroom::models
+}  // namespace headroom::interop

@@ -1,5 +1,5 @@
-// Internal: the row modules a model file can name, and how each row is built from its
-// arguments (a registry: module name -> builder).
+// The row modules a model file can name, and how each row is built from its arguments (a
+// registry: module name -> builder); ONNX export walks the same modules.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,11 +1,9 @@
-// What a device has in use, read without a device sync, and the errors that mean it ran out.
-// The interface lives here so that the trainer can measure its steps and recognise an
-// out-of-memory error without depending on memory/, which implements the monitors (CUDA
-// caching-allocator statistics; the caching CPU allocator) and the governor on top of train/.
+// What a device has in use, read without a device sync: the trainer measures each step with it.
+// The interface is the trainer's; memory/ implements it (CUDA caching-allocator statistics, the
+// caching CPU allocator) and builds the governor on top of train/.
 #pragma once
 
 #include <c10/core/Device.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
 
@@ -47,19 +45,5 @@ class MemoryMonitor {
   explicit MemoryMonitor(c10::Device d) : device_(d) {}
   c10::Device device_;
 };
-
-// How an error relates to memory:
-//   out_of_memory  an allocator's c10::OutOfMemoryError, or a CUDA / cuBLAS / cuDNN failure that
-//                  says it could not allocate;
-//   library        a cuDNN failure that is often an allocation failure in disguise ("NOT_SUPPORTED
-//                  ... non-contiguous input", INTERNAL_ERROR, "unable to find an engine"), which
-//                  Ultralytics retries too: worth one smaller try, but not to be called an OOM
-//                  when it persists.
-enum class MemoryFailure { none, out_of_memory, library };
-MemoryFailure memory_failure(const c10::Error& e);
-inline bool is_out_of_memory(const c10::Error& e) { return memory_failure(e) != MemoryFailure::none; }
-// BatchNorm in training refused a batch with one value per channel (a micro-batch of 1 over a
-// 1x1 map, as Hourglass-104's bottom at 128 px): not memory, a batch too small for the model.
-bool is_batch_too_small(const c10::Error& e);
 
 }  // namespace headroom

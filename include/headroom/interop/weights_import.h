@@ -21,7 +21,7 @@
 #include "headroom/models/detector.h"
 #include "headroom/models/weights.h"
 
-namespace headroom::models {
+namespace headroom::interop {
 
 // How the file names its tensors.
 enum class Naming { headroom, ultralytics, centernet };
@@ -31,7 +31,7 @@ struct ImportedWeights {
   std::string source;                 // "Ultralytics 8.3.40 DetectionModel", "CenterNet state_dict", ...
   Naming naming = Naming::headroom;
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // the file's names, on the CPU
-  std::optional<ModelSpec> model;     // the architecture the file carries, when it does
+  std::optional<models::ModelSpec> model;     // the architecture the file carries, when it does
   std::vector<std::string> names;     // class names, when the file has them
   bool self_contained = true;         // false: the model needs a config's input normalisation (TF checkpoints)
 };
@@ -43,7 +43,7 @@ struct ImportedWeights {
 ImportedWeights read_imported_weights(const std::string& path, bool shapes_only = false);
 
 // The file's name for each of the model's parameters and buffers ({ours, theirs}).
-std::vector<std::pair<std::string, std::string>> file_names(DetectorImpl& model, Naming naming);
+std::vector<std::pair<std::string, std::string>> file_names(models::DetectorImpl& model, Naming naming);
 
 struct ImportReport {
   int64_t matched = 0;
@@ -59,19 +59,19 @@ struct ImportReport {
 // leaves the model untouched. Logs what it matched.
 // `backbone_only`: the head's tensors are not taken (the file's are not required either) and keep
 // their initialisation, listed with `reinitialised`.
-ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool new_head, bool backbone_only = false);
+ImportReport import_weights(models::DetectorImpl& model, const ImportedWeights& w, bool new_head, bool backbone_only = false);
 
 // Weights for val / predict / export: Headroom's archives and safetensors, or any file above
 // that carries its architecture (CenterNet's is read off its tensors).
-LoadedWeights load_any_weights(const std::string& path, c10::Device device);
+models::LoadedWeights load_any_weights(const std::string& path, c10::Device device);
 
 // Headroom's weights as safetensors: our tensor names, the dtype kept (or floating tensors in
 // fp16 with `half`), the model YAML, scale, class count and names in the metadata, so
 // model.init_from, val and predict take the file back.
-void save_safetensors_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path, bool half = false);
+void save_safetensors_weights(models::DetectorImpl& model, const models::WeightsInfo& info, const std::string& path, bool half = false);
 
 // The architecture a file for `model.init_from` carries, when it is not a Headroom archive and
 // carries one (Ultralytics, YOLOv5, Headroom safetensors); nullopt otherwise.
-std::optional<ModelSpec> carried_model(const std::string& path);
+std::optional<models::ModelSpec> carried_model(const std::string& path);
 
-}  // namespace headroom::models
+}  // namespace headroom::interop

@@ -1,6 +1,6 @@
-#include "headroom/models/onnx_export.h"
+#include "headroom/interop/onnx_export.h"
 
-#include "headroom/models/onnx_proto.h"  // first: it fixes the ONNX namespace
+#include "headroom/interop/onnx_proto.h"  // first: it fixes the ONNX namespace
 
 #include <ATen/ATen.h>
 #include <onnx/checker.h>
@@ -14,10 +14,12 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
-#include "headroom/losses/anchors.h"
-#include "layers.h"
+#include "headroom/models/anchors.h"
+#include "headroom/models/layers.h"
 
-namespace headroom::models {
+namespace headroom::interop {
+
+using namespace models;
 
 namespace {
 
@@ -269,7 +271,7 @@ std::vector<std::string> emit_row(Emitter& e, LayerImpl& layer, const std::vecto
 
 // [1, 2, A] anchor points and [1, 1, A] strides at the export size, as decode_candidates uses.
 std::pair<at::Tensor, at::Tensor> anchor_grid(const std::vector<at::Tensor>& feats, const std::vector<int64_t>& strides) {
-  const losses::AnchorGrid grid = losses::make_anchor_grid(feats, strides, 0.5);  // points [A, 2], strides [A, 1]
+  const models::AnchorGrid grid = models::make_anchor_grid(feats, strides, 0.5);  // points [A, 2], strides [A, 1]
   return {grid.points.t().unsqueeze(0), grid.strides.t().unsqueeze(0)};
 }
 
@@ -332,43 +334,39 @@ void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const s
   }
 }
 
-}  // namespace
-
-void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o) {
-  const DetectorInfo& di = model.info();
+// Rejects a batch or input size the graph cannot be built for.
+void check_export_options(const DetectorInfo& di, const OnnxExportOptions& o) {
   if (o.batch() < 1) throw InputError("export: --batch must be at least 1");
   if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0)
     throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple));
-  at::NoGradGuard no_grad;
-  model.to(at::kCPU, at::kFloat);
-  model.eval();
-  model.fuse();
-  model.set_recompute(RecomputeMode::off);
-  // The head's feature sizes at the export size (anchor constants, reshapes).
-  const HeadOutputs probe = model.forward(at::zeros({1, 3, o.imgsz(), o.imgsz()}));
+}
 
-  onnx::ModelProto m;
+// Opset, producer and an empty graph named after the model.
+void init_model_proto(onnx::ModelProto& m, const std::string& graph_name) {
   m.set_ir_version(8);
   m.set_producer_name("headroom");
   m.set_producer_version(HEADROOM_VERSION);
   auto* opset = m.add_opset_import();
   opset->set_domain("");
   opset->set_version(kOpset);
-  onnx::GraphProto& gp = *m.mutable_graph();
-  gp.set_name(model.name());
-  Graph g(gp, o.half());
-  Emitter e(g);
-  const int64_t B = o.dynamic() ? 1 : o.batch();
-  add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic());
-  std::string image = "images";
-  if (const InputNorm& n = model.input_norm(); !n.empty()) {  // as DetectorImpl::forward: x * (255 / std) - mean / std
-    if (n.bgr) image = g.op("Gather", {image, g.ints({2, 1, 0})}, [](onnx::NodeProto& p) { set(p, "axis", int64_t{1}); });
-    std::vector<float> scale(3), shift(3);
-    for (size_t c = 0; c < 3; ++c) scale[c] = float(255.0 / n.std[c]), shift[c] = float(n.mean[c] / n.std[c]);
-    image = g.op("Mul", {image, g.tensor(at::tensor(scale).view({1, 3, 1, 1}), "input_scale")});
-    image = g.op("Sub", {image, g.tensor(at::tensor(shift).view({1, 3, 1, 1}), "input_shift")});
-  }
+  m.mutable_graph()->set_name(graph_name);
+}
 
+// The graph input `images` with the model's input normalisation applied; returns the value the body reads.
+std::string emit_input_norm(Graph& g, const InputNorm& n) {
+  std::string image = "images";
+  if (n.empty()) return image;
+  // as DetectorImpl::forward: x * (255 / std) - mean / std
+  if (n.bgr) image = g.op("Gather", {image, g.ints({2, 1, 0})}, [](onnx::NodeProto& p) { set(p, "axis", int64_t{1}); });
+  std::vector<float> scale(3), shift(3);
+  for (size_t c = 0; c < 3; ++c) scale[c] = float(255.0 / n.std[c]), shift[c] = float(n.mean[c] / n.std[c]);
+  image = g.op("Mul", {image, g.tensor(at::tensor(scale).view({1, 3, 1, 1}), "input_scale")});
+  image = g.op("Sub", {image, g.tensor(at::tensor(shift).view({1, 3, 1, 1}), "input_shift")});
+  return image;
+}
+
+// The body's rows in order, each fed the outputs of the rows it reads from (-1: the image); returns the head's inputs.
+std::vector<std::string> emit_rows(Emitter& e, const DetectorImpl& model, const std::string& image) {
   std::vector<std::vector<std::string>> values;
   const auto gather = [&](const std::vector<int>& from) {
     std::vector<std::string> in;
@@ -381,14 +379,17 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
     return in;
   };
   for (const auto& row : model.rows()) values.push_back(emit_row(e, *row.layer, gather(row.from)));
-  const std::vector<std::string> features = gather(model.head_from());
+  return gather(model.head_from());
+}
 
-  // The head's outputs: {graph value, output name}, by head type.
-  using HeadEmitter = std::function<std::vector<std::pair<std::string, std::string>>(Emitter&, HeadImpl&)>;
+using NamedOutputs = std::vector<std::pair<std::string, std::string>>;  // {graph value, output name}
+
+// The head's outputs: {graph value, output name}, by head type.
+NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::string>& features, const HeadOutputs& probe) {
+  const DetectorInfo& di = model.info();
+  using HeadEmitter = std::function<NamedOutputs(Emitter&, HeadImpl&)>;
   const auto yolo = [&](auto emit) -> HeadEmitter {
-    return [&, emit](Emitter& em, HeadImpl& h) {
-      return std::vector<std::pair<std::string, std::string>>{{emit(em, h, features, probe.at("pred"), di.strides), "output0"}};
-    };
+    return [&, emit](Emitter& em, HeadImpl& h) { return NamedOutputs{{emit(em, h, features, probe.at("pred"), di.strides), "output0"}}; };
   };
   const std::unordered_map<std::type_index, HeadEmitter> heads = {
       {std::type_index(typeid(DetectV8Impl)),
@@ -401,7 +402,7 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
        })},
       {std::type_index(typeid(CenterNetHeadImpl)),
        [&](Emitter& em, HeadImpl& h) {
-         std::vector<std::pair<std::string, std::string>> out;
+         NamedOutputs out;
          for (const auto& [name, stacks] : dynamic_cast<CenterNetHeadImpl&>(h).heads()) {  // the last stack, as inference uses
            torch::nn::ModuleList list = stacks;
            const std::string y = em.module(*list[list->size() - 1], features.back());
@@ -413,60 +414,103 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   HeadImpl& head = model.head();
   const auto emit_head = heads.find(std::type_index(typeid(head)));
   if (emit_head == heads.end()) throw Error("ONNX export: no writer for this head");
-  const std::vector<std::pair<std::string, std::string>> outputs = emit_head->second(e, head);
-  for (auto& [value, name] : outputs) {
-    // Rename the last node's output to the public name.
-    for (int i = gp.node_size() - 1; i >= 0; --i) {
-      auto* n = gp.mutable_node(i);
-      bool found = false;
-      for (int k = 0; k < n->output_size(); ++k)
-        if (n->output(k) == value) {
-          n->set_output(k, name);
-          found = true;
-        }
-      if (found) break;
-    }
-    std::vector<int64_t> dims;
-    if (di.family == "centernet") {
-      const at::Tensor& t = probe.at(name).back();
-      dims = {B, t.size(1), t.size(2), t.size(3)};
-    } else {
-      int64_t a = 0;
-      for (const auto& p : probe.at("pred")) a += di.family == "yolov5" ? p.size(1) * p.size(2) * p.size(3) : p.size(2) * p.size(3);
-      dims = {B, 4 + di.nc, a};
-    }
-    add_io(gp.add_output(), name, o.half(), dims, o.dynamic());
-  }
+  return emit_head->second(e, head);
+}
 
+// Rename the last node's output to the public name.
+void rename_output(onnx::GraphProto& gp, const std::string& value, const std::string& name) {
+  for (int i = gp.node_size() - 1; i >= 0; --i) {
+    auto* n = gp.mutable_node(i);
+    bool found = false;
+    for (int k = 0; k < n->output_size(); ++k)
+      if (n->output(k) == value) {
+        n->set_output(k, name);
+        found = true;
+      }
+    if (found) break;
+  }
+}
+
+// An output's shape for batch B, read off the probe forward at the export size.
+std::vector<int64_t> output_dims(const DetectorInfo& di, const HeadOutputs& probe, const std::string& name, int64_t B) {
+  if (di.family == "centernet") {
+    const at::Tensor& t = probe.at(name).back();
+    return {B, t.size(1), t.size(2), t.size(3)};
+  }
+  int64_t a = 0;
+  for (const auto& p : probe.at("pred")) a += di.family == "yolov5" ? p.size(1) * p.size(2) * p.size(3) : p.size(2) * p.size(3);
+  return {B, 4 + di.nc, a};
+}
+
+// The class names as a Python dict literal, as Ultralytics writes it.
+std::string names_dict_literal(const std::vector<std::string>& class_names) {
   std::string names = "{";
-  for (size_t i = 0; i < info.names.size(); ++i) {  // a Python dict literal, as Ultralytics writes it
+  for (size_t i = 0; i < class_names.size(); ++i) {
     std::string quoted;
-    for (char ch : info.names[i]) quoted += ch == '\'' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+    for (char ch : class_names[i]) quoted += ch == '\'' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
     names += (i ? ", " : "") + std::to_string(i) + ": '" + quoted + "'";
   }
   names += "}";
+  return names;
+}
+
+void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo& info, int64_t B, int64_t imgsz) {
   const int64_t stride = *std::max_element(di.strides.begin(), di.strides.end());
   for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"description", "Headroom " + gp.name() + " (" + di.family + " head)"},
+           {"description", "Headroom " + m.graph().name() + " (" + di.family + " head)"},
            {"author", "Headroom"},
            {"version", HEADROOM_VERSION},
            {"task", "detect"},
            {"stride", std::to_string(stride)},
            {"batch", std::to_string(B)},
-           {"imgsz", "[" + std::to_string(o.imgsz()) + ", " + std::to_string(o.imgsz()) + "]"},
-           {"names", names},
+           {"imgsz", "[" + std::to_string(imgsz) + ", " + std::to_string(imgsz) + "]"},
+           {"names", names_dict_literal(info.names)},
            {"family", di.family}}) {
     auto* p = m.add_metadata_props();
     p->set_key(k);
     p->set_value(v);
   }
+}
+
+// The ONNX checker, then strict shape inference (which also records the inferred shapes in m).
+void check_graph(onnx::ModelProto& m) {
   try {
     onnx::checker::check_model(m);
     onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), onnx::ShapeInferenceOptions(true, 1));
   } catch (const std::exception& ex) {
     throw Error("ONNX export: the graph fails the ONNX checker: " + std::string(ex.what()));
   }
+}
+
+}  // namespace
+
+void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o) {
+  const DetectorInfo& di = model.info();
+  check_export_options(di, o);
+  at::NoGradGuard no_grad;
+  model.to(at::kCPU, at::kFloat);
+  model.eval();
+  model.fuse();
+  model.set_recompute(RecomputeMode::off);
+  // The head's feature sizes at the export size (anchor constants, reshapes).
+  const HeadOutputs probe = model.forward(at::zeros({1, 3, o.imgsz(), o.imgsz()}));
+
+  onnx::ModelProto m;
+  init_model_proto(m, model.name());
+  onnx::GraphProto& gp = *m.mutable_graph();
+  Graph g(gp, o.half());
+  Emitter e(g);
+  const int64_t B = o.dynamic() ? 1 : o.batch();
+  add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic());
+  const std::string image = emit_input_norm(g, model.input_norm());
+  const std::vector<std::string> features = emit_rows(e, model, image);
+  for (const auto& [value, name] : emit_head(e, model, features, probe)) {
+    rename_output(gp, value, name);
+    add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B), o.dynamic());
+  }
+  add_metadata(m, di, info, B, o.imgsz());
+  check_graph(m);
   write_file_atomic(path, m.SerializeAsString());
 }
 
-}  // namespace headroom::models
+}  // namespace headroom::interop

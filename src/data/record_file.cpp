@@ -1,4 +1,4 @@
-#include "headroom/core/record_file.h"
+#include "headroom/data/record_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,15 +8,10 @@
 
 #include "headroom/core/checksum.h"
 
-namespace headroom {
+namespace headroom::data {
 
 RecordError::RecordError(const std::string& file, int64_t offset, const std::string& reason)
     : InputError(file + ": record at byte " + std::to_string(offset) + ": " + reason), offset_(offset), reason_(reason) {}
-
-uint32_t masked_crc32c(const void* data, size_t size) {
-  const uint32_t crc = crc32c(data, size);
-  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
-}
 
 namespace {
 constexpr int64_t kHeader = 12, kFooter = 4;
@@ -128,4 +123,4 @@ void RecordWriter::flush() {
   if (std::fflush(file_) != 0) throw Error(path_ + ": writing the records failed (disk full?)");
 }
 
-}  // namespace headroom
+}  // namespace headroom::data

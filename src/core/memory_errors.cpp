@@ -1,4 +1,4 @@
-#include "headroom/core/memory.h"
+#include "headroom/core/memory_errors.h"
 
 #include <string>
 

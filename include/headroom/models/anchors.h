@@ -1,4 +1,5 @@
-// YOLOv8 anchor-free geometry shared by the loss and the decoder.
+// The anchor-free YOLO head's geometry (YOLOv8, YOLO11, YOLOv5u): where its outputs sit and how
+// they become boxes. The loss, the decoder and the ONNX export read the head through it.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -6,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace headroom::losses {
+namespace headroom::models {
 
 // Cell centres of every level, flattened level after level: points [A, 2] (x, y) in grid
 // units of their level, strides [A, 1].
@@ -23,4 +24,4 @@ at::Tensor dfl_expectation(const at::Tensor& dist, int64_t reg_max);
 // (l, t, r, b) distances around points -> xyxy.
 at::Tensor dist_to_bbox(const at::Tensor& ltrb, const at::Tensor& points);
 
-}  // namespace headroom::losses
+}  // namespace headroom::models

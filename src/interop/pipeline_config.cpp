@@ -1,7 +1,6 @@
-#include "headroom/core/pipeline_config.h"
+#include "headroom/interop/pipeline_config.h"
 
 #include <google/protobuf/descriptor.h>
-#include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
 #include <cctype>
@@ -14,102 +13,19 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/json.h"
+#include "headroom/core/logging.h"
 #include "headroom/core/text.h"
+#include "headroom/data/pipeline_data.h"
 #include "headroom/proto/pipeline.pb.h"
 
-namespace headroom {
+namespace headroom::interop {
 
 namespace fs = std::filesystem;
 namespace pb = google::protobuf;
 
-bool is_pipeline_config(const std::string& path) {
-  std::string text;
-  try {
-    text = read_file(path);
-  } catch (const InputError&) {
-    return false;
-  }
-  size_t i = 0;
-  auto skip = [&] {  // whitespace and # comments
-    while (i < text.size()) {
-      if (std::isspace(static_cast<unsigned char>(text[i]))) {
-        ++i;
-      } else if (text[i] == '#') {
-        while (i < text.size() && text[i] != '\n') ++i;
-      } else {
-        break;
-      }
-    }
-  };
-  auto word = [&] {
-    skip();
-    const size_t from = i;
-    while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_')) ++i;
-    return text.substr(from, i - from);
-  };
-  auto next_is = [&](char c) {
-    skip();
-    return i < text.size() && text[i] == c;
-  };
-  // A message field opens with `name {` or `name: {`.
-  auto opens_message = [&] {
-    if (next_is('{')) return ++i, true;
-    if (!next_is(':')) return false;
-    ++i;
-    return next_is('{') ? (++i, true) : false;
-  };
-  static const std::set<std::string> kTop = {"model", "train_config", "train_input_reader", "eval_config",
-                                             "eval_input_reader"};
-  const std::string first = word();
-  if (!kTop.count(first) || !opens_message()) return false;
-  // `model: {file: x.yaml}` is a Headroom YAML; a pipeline's model holds a message (center_net {).
-  if (first != "model") return true;
-  return !word().empty() && opens_message();
-}
-
 namespace {
 
-// The text parser's errors (which stop it) and warnings (unknown fields, which it skips).
-class Collector : public pb::io::ErrorCollector {
- public:
-  explicit Collector(std::string file) : file_(std::move(file)) {}
-  void AddError(int line, int column, const std::string& message) override {
-    errors.push_back({format_location(file_, line + 1, column + 1), message});
-  }
-  void AddWarning(int line, int column, const std::string& message) override {
-    warnings.push_back({format_location(file_, line + 1, column + 1), message});
-  }
-  std::vector<std::pair<std::string, std::string>> errors, warnings;
-
- private:
-  std::string file_;
-};
-
-// A message with the parse tree that locates its fields in the file.
-struct At {
-  const std::string* file;
-  const pb::TextFormat::ParseInfoTree* tree;  // null where the message was not written
-  const pb::Message* msg;
-  std::string path;                           // "train_config.optimizer"
-
-  const pb::FieldDescriptor* field(const std::string& name) const { return msg->GetDescriptor()->FindFieldByName(name); }
-  std::string line(const std::string& name, int index = -1) const {
-    const pb::FieldDescriptor* f = field(name);
-    if (tree && f) {
-      const auto loc = tree->GetLocation(f, f->is_repeated() ? std::max(index, 0) : -1);
-      if (loc.line >= 0) return format_location(*file, loc.line + 1);
-    }
-    return *file;
-  }
-  At nested(const std::string& name, int index = -1) const {
-    const pb::FieldDescriptor* f = field(name);
-    const pb::Reflection* r = msg->GetReflection();
-    const pb::Message& child = f->is_repeated() ? r->GetRepeatedMessage(*msg, f, index) : r->GetMessage(*msg, f);
-    return {file, tree ? tree->GetTreeForNested(f, f->is_repeated() ? index : -1) : nullptr, &child,
-            path.empty() ? name : path + "." + name};
-  }
-  std::string name(const std::string& field_name) const { return path.empty() ? field_name : path + "." + field_name; }
-};
+using At = data::PipelineField;
 
 // What to use instead of a field Headroom does not read, by field name.
 const std::map<std::string, std::string>& advice() {
@@ -204,23 +120,8 @@ class Mapper {
   PipelineConfig& out_;
 };
 
-std::string resolved(const std::string& config, const std::string& p) {
-  const fs::path path(p);
-  return (path.is_absolute() ? path : fs::absolute(config).parent_path() / path).lexically_normal().string();
-}
-
-void map_model(const At& model, Mapper& m, PipelineConfig& out) {
-  m.only(model, {"center_net"});
-  if (!model.msg->GetReflection()->HasField(*model.msg, model.field("center_net"))) {
-    m.problem(model.line("center_net"), "the model is not center_net: Headroom trains CenterNet from a pipeline.config");
-    return;
-  }
-  const At cn = model.nested("center_net");
-  m.only(cn, {"num_classes", "feature_extractor", "image_resizer", "object_detection_task", "object_center_params"});
-  const auto& c = static_cast<const tf::CenterNet&>(*cn.msg);
-  out.data.num_classes = c.num_classes();
-  out.data.num_classes_where = cn.line("num_classes");
-
+// feature_extractor: the Hourglass model file and the input normalisation.
+void map_feature_extractor(const At& cn, const tf::CenterNet& c, Mapper& m) {
   const At fe = cn.nested("feature_extractor");
   m.only(fe, {"type", "channel_means", "channel_stds", "bgr_ordering"});
   static const std::map<std::string, std::string> kBackbones = {
@@ -244,7 +145,10 @@ void map_model(const At& model, Mapper& m, PipelineConfig& out) {
   m.set("model.input_mean", three(fx.channel_means(), "channel_means", "[0, 0, 0]"), fe.line("channel_means", 0), "channel_means");
   m.set("model.input_std", three(fx.channel_stds(), "channel_stds", "[1, 1, 1]"), fe.line("channel_stds", 0), "channel_stds");
   m.set("model.input_bgr", fx.bgr_ordering() ? "true" : "false", fe.line("bgr_ordering"), "bgr_ordering");
+}
 
+// image_resizer: the training size; Headroom letterboxes to a square.
+void map_image_resizer(const At& cn, const tf::CenterNet& c, Mapper& m) {
   const At resizer = cn.nested("image_resizer");
   m.only(resizer, {"keep_aspect_ratio_resizer", "fixed_shape_resizer"});
   const auto& ir = c.image_resizer();
@@ -275,7 +179,10 @@ void map_model(const At& model, Mapper& m, PipelineConfig& out) {
   } else {
     m.problem(cn.line("image_resizer"), "center_net needs an image_resizer (keep_aspect_ratio_resizer or fixed_shape_resizer)");
   }
+}
 
+// object_detection_task and object_center_params: the loss weights, min_overlap and max_det.
+void map_center_net_losses(const At& cn, const tf::CenterNet& c, Mapper& m) {
   // TF: center * object_center_loss_weight + task_loss_weight * (scale * S + offset * O).
   const At task = cn.nested("object_detection_task");
   m.only(task, {"task_loss_weight", "offset_loss_weight", "scale_loss_weight", "localization_loss"});
@@ -299,6 +206,20 @@ void map_model(const At& model, Mapper& m, PipelineConfig& out) {
         "object_center_params object_center_loss_weight");
   m.set("loss.min_overlap", yaml_number(oc.min_box_overlap_iou()), center.line("min_box_overlap_iou"), "min_box_overlap_iou");
   m.set("eval.max_det", std::to_string(oc.max_box_predictions()), center.line("max_box_predictions"), "max_box_predictions");
+}
+
+void map_model(const At& model, Mapper& m) {
+  m.only(model, {"center_net"});
+  if (!model.msg->GetReflection()->HasField(*model.msg, model.field("center_net"))) {
+    m.problem(model.line("center_net"), "the model is not center_net: Headroom trains CenterNet from a pipeline.config");
+    return;
+  }
+  const At cn = model.nested("center_net");
+  m.only(cn, {"num_classes", "feature_extractor", "image_resizer", "object_detection_task", "object_center_params"});
+  const auto& c = static_cast<const tf::CenterNet&>(*cn.msg);
+  map_feature_extractor(cn, c, m);
+  map_image_resizer(cn, c, m);
+  map_center_net_losses(cn, c, m);
 }
 
 void map_learning_rate(const At& lr, Mapper& m) {
@@ -376,19 +297,8 @@ void map_learning_rate(const At& lr, Mapper& m) {
   }
 }
 
-void map_train(const At& train, Mapper& m) {
-  m.only(train, {"batch_size", "data_augmentation_options", "optimizer", "fine_tune_checkpoint", "fine_tune_checkpoint_type",
-                 "fine_tune_checkpoint_version", "num_steps", "max_number_of_boxes", "unpad_groundtruth_tensors",
-                 "use_bfloat16", "gradient_clipping_by_norm", "add_regularization_loss"});
-  const auto& t = static_cast<const tf::TrainConfig&>(*train.msg);
-  m.set("train.batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size");
-  m.set("train.nominal_batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size (one optimizer step per batch)");
-  if (t.num_steps() <= 0)
-    m.problem(train.line("num_steps"), "num_steps 0 means training forever in TF; give the number of steps");
-  else
-    m.set("train.steps", std::to_string(t.num_steps()), train.line("num_steps"), "num_steps");
-  m.set("train.warmup_epochs", "0", train.line("optimizer"), "no warmup unless the schedule has one");
-
+// data_augmentation_options: each step's options as written, under augment.<step name>.
+void map_augmentations(const At& train, const tf::TrainConfig& t, Mapper& m) {
   for (int i = 0; i < t.data_augmentation_options_size(); ++i) {
     const At step = train.nested("data_augmentation_options", i);
     std::vector<const pb::FieldDescriptor*> set;
@@ -403,7 +313,10 @@ void map_train(const At& train, Mapper& m) {
     if (name == "random_horizontal_flip" || name == "random_vertical_flip") m.only(step.nested(name), {"probability"});
     m.set("augment." + name, flow_map(op), train.line("data_augmentation_options", i), "data_augmentation_options " + name);
   }
+}
 
+// The optimizer, its learning rate schedule and the moving average of the weights.
+void map_optimizer(const At& train, const tf::TrainConfig& t, Mapper& m) {
   const At opt = train.nested("optimizer");
   m.only(opt, {"adam_optimizer", "momentum_optimizer", "rms_prop_optimizer", "use_moving_average", "moving_average_decay"});
   const auto& o = t.optimizer();
@@ -450,9 +363,12 @@ void map_train(const At& train, Mapper& m) {
     m.set("train.ema_decay", yaml_number(o.moving_average_decay()), opt.line("moving_average_decay"), "moving_average_decay");
     m.set("train.ema_tau", "1", opt.line("moving_average_decay"), "moving_average_decay (TF's average has no warm-up ramp)");
   }
+}
 
+// fine_tune_checkpoint: the TF2 checkpoint to start from and how much of it to restore.
+void map_fine_tune_checkpoint(const At& train, const tf::TrainConfig& t, Mapper& m) {
   if (!t.fine_tune_checkpoint().empty()) {
-    m.set("model.init_from", Json(resolved(*train.file, t.fine_tune_checkpoint())).dump(), train.line("fine_tune_checkpoint"),
+    m.set("model.init_from", Json(data::resolve_pipeline_path(*train.file, t.fine_tune_checkpoint())).dump(), train.line("fine_tune_checkpoint"),
           "fine_tune_checkpoint (a TF2 checkpoint prefix; the model is the checkpoint's Hourglass)");
     // CenterNet restores its feature extractor for "detection" and everything for "full"; TF takes
     // an empty type as "classification", which the hourglass extractors refuse.
@@ -470,6 +386,24 @@ void map_train(const At& train, Mapper& m) {
   } else if (t.has_fine_tune_checkpoint_type() || t.has_fine_tune_checkpoint_version())
     m.note(train.line(t.has_fine_tune_checkpoint_type() ? "fine_tune_checkpoint_type" : "fine_tune_checkpoint_version"),
            "fine_tune_checkpoint_type/version: no fine_tune_checkpoint is given");
+}
+
+void map_train(const At& train, Mapper& m) {
+  m.only(train, {"batch_size", "data_augmentation_options", "optimizer", "fine_tune_checkpoint", "fine_tune_checkpoint_type",
+                 "fine_tune_checkpoint_version", "num_steps", "max_number_of_boxes", "unpad_groundtruth_tensors",
+                 "use_bfloat16", "gradient_clipping_by_norm", "add_regularization_loss"});
+  const auto& t = static_cast<const tf::TrainConfig&>(*train.msg);
+  m.set("train.batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size");
+  m.set("train.nominal_batch", std::to_string(t.batch_size()), train.line("batch_size"), "batch_size (one optimizer step per batch)");
+  if (t.num_steps() <= 0)
+    m.problem(train.line("num_steps"), "num_steps 0 means training forever in TF; give the number of steps");
+  else
+    m.set("train.steps", std::to_string(t.num_steps()), train.line("num_steps"), "num_steps");
+  m.set("train.warmup_epochs", "0", train.line("optimizer"), "no warmup unless the schedule has one");
+
+  map_augmentations(train, t, m);
+  map_optimizer(train, t, m);
+  map_fine_tune_checkpoint(train, t, m);
   if (t.has_max_number_of_boxes())
     m.note(train.line("max_number_of_boxes"), "max_number_of_boxes: Headroom trains on every box of an image (TF pads or cuts to this many)");
   if (t.has_unpad_groundtruth_tensors())
@@ -482,25 +416,11 @@ void map_train(const At& train, Mapper& m) {
     m.note(train.line("add_regularization_loss"), "add_regularization_loss: CenterNet's layers carry no regularisation loss");
 }
 
-// One input reader's files; `shuffle_expected` is what Headroom does with that split.
-std::vector<std::string> map_reader(const At& reader, const std::string& file, bool training, Mapper& m,
-                                    std::string& label_map, std::string& label_map_where) {
+// One input reader's settings: its files and label map are the data set's (data/pipeline_data.h).
+void check_reader(const At& reader, bool training, Mapper& m) {
   m.only(reader, {"label_map_path", "tf_record_input_reader", "shuffle", "num_readers", "num_epochs", "use_display_name"});
   const auto& r = static_cast<const tf::InputReader&>(*reader.msg);
-  if (!r.has_tf_record_input_reader() || r.tf_record_input_reader().input_path_size() == 0) {
-    m.problem(reader.line("tf_record_input_reader"), reader.path + " needs tf_record_input_reader { input_path: ... }");
-    return {};
-  }
-  const At rec = reader.nested("tf_record_input_reader");
-  m.only(rec, {"input_path"});
-  std::vector<std::string> paths;
-  for (const auto& p : r.tf_record_input_reader().input_path()) paths.push_back(resolved(file, p));
-  if (!r.label_map_path().empty()) {
-    const std::string lm = resolved(file, r.label_map_path());
-    if (!label_map.empty() && lm != label_map)
-      m.problem(reader.line("label_map_path"), "the readers name different label maps (" + label_map + ", " + lm + "); Headroom needs one");
-    if (label_map.empty()) label_map = lm, label_map_where = reader.line("label_map_path");
-  }
+  if (r.has_tf_record_input_reader()) m.only(reader.nested("tf_record_input_reader"), {"input_path"});
   if (training && r.has_shuffle() && !r.shuffle())
     m.problem(reader.line("shuffle"), "shuffle false for training: Headroom shuffles the training split every epoch; remove it");
   if (!training && r.shuffle() && r.has_shuffle())
@@ -512,29 +432,18 @@ std::vector<std::string> map_reader(const At& reader, const std::string& file, b
     m.note(reader.line("num_readers"), "num_readers: Headroom reads with data.workers threads (auto: every core)");
   if (r.has_num_epochs() && !(r.num_epochs() == 1 && !training))
     m.note(reader.line("num_epochs"), "num_epochs: Headroom's length is train_config num_steps; validation reads the split once");
-  return paths;
 }
 
 }  // namespace
 
 PipelineConfig read_pipeline_config(const std::string& path) {
-  const std::string text = read_file(path);
-  tf::TrainEvalPipelineConfig p;
-  pb::TextFormat::Parser parser;
-  Collector collected(path);
-  parser.RecordErrorsTo(&collected);
-  parser.AllowUnknownField(true);  // reported below, each with its line and what to do
-  pb::TextFormat::ParseInfoTree tree;
-  parser.WriteLocationsTo(&tree);
-  if (!parser.ParseFromString(text, &p)) {
-    const auto& e = collected.errors.empty() ? std::pair<std::string, std::string>{path, "not protobuf text"} : collected.errors.front();
-    throw InputError(e.first + ": " + e.second + " (a pipeline.config is protobuf text: `model { center_net { ... } }`)");
-  }
+  const std::unique_ptr<data::PipelineText> text = data::parse_pipeline(path);
+  const tf::TrainEvalPipelineConfig& p = text->config;
   PipelineConfig out;
   Mapper m(path, out);
   // Fields the parser skipped: a field of the OD API Headroom does not read, or a misspelling.
   static const std::regex kUnknown(R"re(Message type "headroom\.tf\.([A-Za-z_.]+)" has no field named "([^"]+)")re");
-  for (const auto& [where, message] : collected.warnings) {
+  for (const auto& [where, message] : text->unknown) {
     std::smatch w;
     if (!std::regex_search(message, w, kUnknown)) {
       m.problem(where, message);
@@ -560,20 +469,15 @@ PipelineConfig read_pipeline_config(const std::string& path) {
     m.problem(where, what);
   }
 
-  const At root{&path, &tree, &p, ""};
+  const At root = At::root(*text);
   m.only(root, {"model", "train_config", "train_input_reader", "eval_config", "eval_input_reader"});
-  map_model(root.nested("model"), m, out);
+  map_model(root.nested("model"), m);
   map_train(root.nested("train_config"), m);
-  out.data.train = map_reader(root.nested("train_input_reader"), path, true, m, out.data.label_map, out.data.label_map_where);
-  out.data.train_where = root.line("train_input_reader");
+  check_reader(root.nested("train_input_reader"), true, m);
   if (p.eval_input_reader_size() > 1)
     m.problem(root.line("eval_input_reader", 1), "Headroom validates one split: keep one eval_input_reader");
-  if (p.eval_input_reader_size() > 0) {
-    out.data.val = map_reader(root.nested("eval_input_reader", 0), path, false, m, out.data.label_map, out.data.label_map_where);
-    out.data.val_where = root.line("eval_input_reader", 0);
-  }
-  if (out.data.label_map.empty())
-    m.problem(root.line("train_input_reader"), "no label_map_path in the input readers: Headroom takes the classes from the label map");
+  if (p.eval_input_reader_size() > 0) check_reader(root.nested("eval_input_reader", 0), false, m);
+  out.data = data::pipeline_data(*text, m.problems_);
   m.set("data.dataset", Json(fs::absolute(path).lexically_normal().string()).dump(), root.line("train_input_reader"),
         "train_input_reader and eval_input_reader (TFRecord files and label map)");
 
@@ -626,4 +530,15 @@ std::string pipeline_to_yaml(const PipelineConfig& p, const std::string& path) {
   return out;
 }
 
-}  // namespace headroom
+Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty() || !data::is_pipeline_config(path)) return load_config(path, overrides);
+  const PipelineConfig pipeline = read_pipeline_config(path);
+  static std::set<std::string> said;  // a run loads its config more than once: each note once
+  for (const std::string& n : pipeline.notes)
+    if (said.insert(n).second) spdlog::info("{}", n);
+  std::vector<ConfigSetting> settings;
+  for (const PipelineSetting& s : pipeline.settings) settings.push_back({s.key, s.value, s.where});
+  return load_config(path, settings, overrides);
+}
+
+}  // namespace headroom::interop

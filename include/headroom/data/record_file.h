@@ -12,7 +12,7 @@
 
 #include "headroom/core/errors.h"
 
-namespace headroom {
+namespace headroom::data {
 
 // A record that cannot be used: bad length CRC, bad data CRC, or the file ends inside it. The
 // message names the file and the record's byte offset.
@@ -27,9 +27,6 @@ class RecordError : public InputError {
   std::string reason_;
 };
 
-// The checksum TFRecord stores: CRC-32C rotated right by 15 bits plus a constant, so that a
-// CRC computed over data that itself holds CRCs stays well mixed.
-uint32_t masked_crc32c(const void* data, size_t size);
 
 // Where one record lies in its file.
 struct RecordSpan {
@@ -87,4 +84,4 @@ class RecordWriter {
   int64_t bytes_ = 0;
 };
 
-}  // namespace headroom
+}  // namespace headroom::data

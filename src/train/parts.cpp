@@ -1,0 +1,137 @@
+#include "headroom/train/parts.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
+#include "headroom/interop/init_from.h"
+#include "headroom/interop/weights_import.h"
+
+namespace headroom::train {
+
+TrainerOptions trainer_options(const Config& c, c10::Device device) {
+  const TrainConfig& t = c.train;
+  return TrainerOptions()
+      .nominal_batch(t.nominal_batch)
+      .epochs(t.epochs)
+      .steps(t.steps)
+      .weight_decay(t.weight_decay)
+      .optimizer(OptimizerOptions().kind(optimizer_kind_from(t.optimizer)).momentum(t.momentum).nesterov(t.nesterov).eps(t.eps).rho(t.rho))
+      .schedule(ScheduleOptions()
+                    .kind(lr_schedule_from(t.schedule))
+                    .lr0(t.lr0)
+                    .lrf(t.lrf)
+                    .momentum(t.momentum)
+                    .lr_steps(t.lr_steps)
+                    .lr_values(t.lr_values)
+                    .decay_every(t.decay_every)
+                    .decay_factor(t.decay_factor)
+                    .staircase(t.staircase)
+                    .min_lr(t.min_lr)
+                    .inverse_time_decay(t.inverse_time_decay)
+                    .schedule_steps(t.schedule_steps)
+                    .hold_steps(t.hold_steps)
+                    .warmup(warmup_kind_from(t.warmup))
+                    .warmup_steps(t.warmup_steps)
+                    .warmup_lr(t.warmup_lr)
+                    .warmup_momentum(t.warmup_momentum)
+                    .warmup_bias_lr(t.warmup_bias_lr))
+      .warmup_epochs(t.warmup_epochs)
+      .amp(resolve_amp(c, device))
+      .clip_grad(t.clip_grad)
+      .ema_decay(t.ema_decay)
+      .ema_tau(t.ema_tau)
+      .read_every(t.log_every)
+      .keep_first_batch(t.plots)
+      .config_yaml(config_to_yaml(c))
+      .sync_bn(c.distributed.sync_bn);
+}
+
+int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
+  return std::max<int64_t>(std::llround(double(nominal_batch) / double(batch)), 1);
+}
+
+RunLength run_length(const TrainerOptions& o, int64_t batch, int64_t batches_per_epoch) {
+  RunLength r;
+  r.accumulate = accumulation_steps(o.nominal_batch(), batch * o.world());
+  r.steps_per_epoch = (batches_per_epoch + r.accumulate - 1) / r.accumulate;
+  r.total_steps = o.steps() > 0 ? o.steps() : o.epochs() * r.steps_per_epoch;
+  r.epochs = (r.total_steps + r.steps_per_epoch - 1) / r.steps_per_epoch;
+  return r;
+}
+
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
+  return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
+}
+
+std::shared_ptr<const data::Split> load_val_split(const Config& c) {
+  if (data::read_data_yaml(c.data.dataset).split("val")) return std::make_shared<const data::Split>(data::load_split(c, "val"));
+  spdlog::warn("{}: no val split; the run trains without validation and best.pt", c.data.dataset);
+  return nullptr;
+}
+
+TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
+                                std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val,
+                                std::shared_ptr<dist::Group> group) {
+  TrainerParts p;
+  p.options = trainer_options(c, device);
+  p.device = device;
+  p.run_dir = run_dir;
+  p.train_split = std::move(train);
+  p.val_split = std::move(val);
+  p.group = std::move(group);
+  p.loader = data::loader_options(c, *p.train_split, /*training=*/true, device.is_cuda());
+  if (p.group) {
+    p.options.world(p.group->world());
+    p.loader.rank(p.group->rank()).world(p.group->world());
+  }
+  const int64_t nc = int64_t(p.train_split->names.size());
+  at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
+  p.model = interop::run_model(c, nc);
+  if (!c.model.init_from.empty() && interop::carried_model(c.model.init_from))
+    spdlog::info("model.init_from {}: the model is the file's own ({}{}), not model.file {}", c.model.init_from,
+                 p.model->yaml_file(), p.model->scale().empty() ? "" : " scale " + p.model->scale(), c.model.file);
+  if (!c.model.init_from.empty()) {
+    const std::vector<std::string> skipped = interop::init_from_weights(*p.model, c.model.init_from, c.model.init_backbone_only);
+    spdlog::info("model.init_from {}: {} tensors skipped{}", c.model.init_from, skipped.size(), skipped.empty() ? "" : ":");
+    for (const auto& s : skipped) spdlog::info("  {}", s);
+  }
+  p.model->to(device);
+  {
+    // The loader leaves out a last batch the model cannot train on, and the governor never
+    // shrinks below it: probed at the smallest size the run trains at.
+    const int64_t multiple = p.model->info().input_multiple;
+    const int64_t least_size =
+        augment::enabled(c.augment) ? augment::Augmenter(augment::augmenter_options(c, multiple, 1)).min_output_size(c.data.imgsz)
+                                    : c.data.imgsz;
+    p.loader.min_batch(models::smallest_trainable_batch(*p.model, least_size));
+    if (!c.train.batch_auto && c.train.batch < p.loader.min_batch())
+      throw InputError(c.where("train.batch") + ": train.batch " + std::to_string(c.train.batch) + " is below the " +
+                       std::to_string(p.loader.min_batch()) + " images per micro-batch " + p.model->yaml_file() + " trains on at " +
+                       std::to_string(least_size) + " px (BatchNorm needs 2 values per channel over its 1x1 maps): set "
+                       "train.batch to at least " + std::to_string(p.loader.min_batch()) + ", or raise data.imgsz");
+    if (p.loader.min_batch() > 1)
+      spdlog::info("the model trains on at least {} images per micro-batch at {} px (BatchNorm needs 2 values per channel over "
+                   "its 1x1 maps); an epoch's last batch below that is left out",
+                   p.loader.min_batch(), least_size);
+  }
+  if (c.train.ema) {
+    p.ema_copy = interop::run_model(c, nc);
+    p.ema_copy->to(device);
+  }
+  if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
+  p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
+  if (augment::enabled(c.augment)) {
+    const int64_t W = p.loader.world();
+    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch() * W,
+                                                     p.loader.drop_last(), p.loader.min_batch() * W);
+    p.augmenter = std::make_unique<augment::Augmenter>(
+        augment::augmenter_options(c, p.model->info().input_multiple, run_length(p.options, p.loader.batch(), batches).epochs));
+  }
+  return p;
+}
+
+}  // namespace headroom::train

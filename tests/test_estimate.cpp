@@ -1,0 +1,303 @@
+// The memory estimator, the automatic batch size, the memory keys and monitor, and the
+// starvation monitor, on the CPU (the caching allocator enforces budgets there).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "headroom/core/device.h"
+#include "headroom/core/errors.h"
+#include "headroom/core/text.h"
+#include "headroom/data/dataset.h"
+#include "headroom/memory/cpu_allocator.h"
+#include "headroom/memory/estimate.h"
+#include "headroom/memory/governor.h"
+#include "headroom/memory/starvation.h"
+#include "headroom/train/hooks.h"
+#include "governor_util.h"
+#include "train_util.h"
+
+using namespace headroom;
+using namespace headroom::test;
+
+TEST(Estimate, PredictedPeakIsWithinTenPercentOfRealTrainingSteps) {
+  auto monitor = cpu_monitor();
+  for (const std::string model : {"yolov8.yaml", "centernet_csp.yaml"}) {
+    const Config c = load_config("", tiny_run({"train.steps=4", "train.batch=6", "train.nominal_batch=12"}, model));
+    const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+    const int64_t predicted = e.predicted_peak(6);
+    const int64_t base = monitor->sample().allocated;
+    train::Trainer t(train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("est-" + model), split, nullptr));
+    t.loader().start(0, 0);
+    t.run_step();  // the first step allocates lazily created state
+    monitor->reset_peak();
+    for (int i = 0; i < 2; ++i) t.run_step();
+    const int64_t measured = monitor->sample().peak_allocated - base;
+    EXPECT_NEAR(double(predicted), double(measured), 0.10 * double(measured))
+        << model << ": predicted " << format_bytes(double(predicted)) << ", measured " << format_bytes(double(measured)) << "\n"
+        << memory::format_memory_estimate(e);
+  }
+}
+
+TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
+  auto monitor = cpu_monitor();
+  const Config c = load_config("", tiny_run({}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, int64_t(1) << 30);
+  ASSERT_EQ(e.modes.size(), 3u);
+  EXPECT_EQ(e.modes[0].name, "fp32");
+  EXPECT_TRUE(e.modes[0].configured);
+  EXPECT_EQ(e.modes[1].name, "amp bf16");
+  EXPECT_EQ(e.modes[2].name, "amp bf16 + recompute all");
+  EXPECT_GT(e.fixed.parameters, 0);
+  EXPECT_GE(e.fixed.optimizer, e.fixed.gradients);  // SGD momentum, and a step counter per group
+  EXPECT_LT(e.fixed.optimizer, e.fixed.gradients + 1024);
+  EXPECT_GT(e.fixed.ema, 0);
+  for (const auto& m : e.modes) {
+    EXPECT_GT(m.per_image, 0) << m.name;
+    EXPECT_FALSE(m.stages.empty());
+  }
+  // Recomputing keeps fewer activations per image than keeping them all.
+  double kept = 0, kept_recomputed = 0;
+  for (const auto& s : e.modes[1].stages) kept += s.per_image;
+  for (const auto& s : e.modes[2].stages) kept_recomputed += s.per_image;
+  EXPECT_LT(kept_recomputed, 0.5 * kept);
+  const std::string table = memory::format_memory_estimate(e);
+  for (const char* part : {"parameters", "gradients", "optimizer state", "EMA", "input buffers", "the step's other 1 batches",
+                           "per image", "loss and assigner", "largest batch under", "(stride "})
+    EXPECT_NE(table.find(part), std::string::npos) << part << "\n" << table;
+}
+
+TEST(AutoBatch, TheChosenBatchFitsAndOneMoreDoesNot) {
+  auto monitor = cpu_monitor();
+  const Config base = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=32", "memory.headroom=0.1"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(base, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(base, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  // A budget that should hold about 6 images.
+  const int64_t budget = int64_t(double(e.predicted_peak(6) + e.predicted_peak(7)) / 2 / 0.9) + monitor->sample().allocated;
+  const memory::AutoBatch a = memory::choose_batch(base, split, *monitor, budget);
+  EXPECT_GE(a.batch, 3);
+  EXPECT_LE(a.batch, 12);
+  bool chosen_fits = false, next_fails = false;
+  for (const auto& [b, peak] : a.tried) {
+    if (b == a.batch) chosen_fits = peak >= 0 && peak <= a.estimate.usable;
+    if (b == a.batch + 1) next_fails = peak < 0 || peak > a.estimate.usable;
+  }
+  EXPECT_TRUE(chosen_fits);
+  EXPECT_TRUE(next_fails);
+  EXPECT_EQ(monitor->sample().limit, 0);  // the probes' limit is lifted again
+}
+
+// train.batch=auto loads whole steps of nominal_batch images and the governor cuts them into
+// balanced micro-batches: every optimizer step sums exactly nominal_batch images (not
+// round(12 / 5) * 5 = 10).
+TEST(AutoBatch, EveryStepSumsExactlyNominalBatchImages) {
+  auto monitor = cpu_monitor();
+  const Config base = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=12", "train.steps=2", "train.val_every=0"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(base, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(base, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(5)) / 0.9) + monitor->sample().allocated;
+  const memory::AutoBatch a = memory::choose_batch(base, split, *monitor, budget);
+  EXPECT_EQ(a.step_batch, 12);
+  EXPECT_GE(a.batch, 2);
+  EXPECT_LT(a.batch, 12);
+  ASSERT_FALSE(a.options.empty());
+  EXPECT_EQ(a.options.front().batch, a.batch);
+  Config c = base;  // as `trainer train` applies the choice
+  c.train.batch = int(a.step_batch);
+  c.train.batch_auto = false;
+  train::Trainer t(parts_for(c, temp_dir("auto-exact")));
+  memory::Governor* g = govern(t);
+  g->set_micro_batch(a.batch);
+  t.train();
+  EXPECT_EQ(t.accumulate(), 1);
+  EXPECT_EQ(t.state().step, 2);
+  EXPECT_EQ(t.state().images, 24);
+}
+
+// The automatic batch verifies a micro-batch by a real step run as the run's later micro-batches
+// run, with the earlier ones' gradients allocated: its peak is the real accumulating step's, the
+// gradients counted once (adding them to a backward peak that already held them erred 12% high
+// on Hourglass-104), and the estimate of that step is within 10% above and 5% below it.
+TEST(AutoBatch, TheVerifiedPeakIsTheRealAccumulatingStepsPeak) {
+  auto monitor = cpu_monitor();
+  const Config base = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=8", "train.steps=3", "train.val_every=0",
+                                                "data.imgsz=64", "data.prefetch=1", "memory.activation_checkpointing=all", "model.scale=n"}, "centernet_csp.yaml"));
+  const auto split = std::make_shared<const data::Split>(data::load_split(base, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(base, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(2)) / 0.9) + monitor->sample().allocated;
+  const memory::AutoBatch a = memory::choose_batch(base, split, *monitor, budget);
+  ASSERT_LT(a.batch, a.step_batch) << "the test needs an accumulating step";
+  int64_t verified = -1;
+  for (const auto& [b, peak] : a.tried)
+    if (b == a.batch) verified = peak;
+  ASSERT_GT(verified, 0);
+  Config c = base;
+  c.train.batch = int(a.step_batch);
+  c.train.batch_auto = false;
+  const int64_t before = monitor->sample().allocated;
+  train::Trainer t(parts_for(c, temp_dir("auto-verified")));
+  govern(t)->set_micro_batch(a.batch);
+  int64_t peak = -1;  // of step 2 (the first creates the optimizer state), from its own start
+  t.register_hook(std::make_unique<AfterStep>([&](train::Trainer& tr) {
+    if (tr.state().step == 2) peak = monitor->sample().peak_allocated;
+  }));
+  t.train();
+  ASSERT_GE(t.state().images, 2 * a.step_batch);
+  const int64_t measured = peak - before;
+  const std::string figures = "micro-batch " + std::to_string(a.batch) + " of " + std::to_string(a.step_batch) + ": verified " +
+                              format_bytes(double(verified)) + ", predicted " +
+                              format_bytes(double(a.estimate.predicted_peak(a.batch))) + ", measured " +
+                              format_bytes(double(measured)) + ", gradients " + format_bytes(double(a.estimate.fixed.gradients));
+  EXPECT_NEAR(double(verified), double(measured), 0.03 * double(measured)) << figures << "\n" << memory::format_memory_estimate(a.estimate);
+  EXPECT_LE(double(a.estimate.predicted_peak(a.batch)), 1.10 * double(measured)) << figures;
+  EXPECT_GE(double(a.estimate.predicted_peak(a.batch)), 0.95 * double(measured)) << figures;
+  std::printf("%s\n", figures.c_str());
+}
+
+// With activation checkpointing auto, the micro-batch and the recompute plan are chosen together:
+// memory.prefer: batch takes the largest micro-batch any plan fits (more than fit without
+// recompute), throughput the highest predicted images per second; both verified by a real step.
+TEST(AutoBatch, WithRecomputeAutoTheMicroBatchAndThePlanAreChosenTogether) {
+  auto monitor = cpu_monitor();
+  const Config plain = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=32"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(plain, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(plain, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(4)) / 0.9) + monitor->sample().allocated;
+  const int64_t without = memory::choose_batch(plain, split, *monitor, budget).batch;
+  std::map<std::string, memory::AutoBatch> chosen;
+  for (const std::string prefer : {"throughput", "batch"}) {
+    const Config c = load_config("", tiny_run({"train.batch=auto", "train.nominal_batch=32", "memory.activation_checkpointing=auto",
+                                               "memory.prefer=" + prefer}));
+    const memory::AutoBatch a = memory::choose_batch(c, split, *monitor, budget);
+    ASSERT_TRUE(a.planner) << prefer;
+    ASSERT_FALSE(a.options.empty()) << prefer;
+    EXPECT_EQ(a.options.front().batch, a.batch) << prefer;
+    for (const auto& o : a.options) {  // predicted to fit, or confirmed by a real step
+      bool confirmed = false;
+      for (const auto& [b, peak] : a.tried) confirmed = confirmed || (b == o.batch && peak >= 0 && peak <= a.estimate.usable);
+      if (!confirmed) EXPECT_LE(o.predicted_peak, a.estimate.usable) << prefer << " " << o.batch;
+    }
+    bool verified = false;
+    for (const auto& [b, peak] : a.tried)
+      if (b == a.batch) verified = peak >= 0 && peak <= a.estimate.usable;
+    EXPECT_TRUE(verified) << prefer << ": the choice is confirmed by a real step";
+    EXPECT_NE(memory::format_batch_options(a).find("(chosen)"), std::string::npos);
+    chosen[prefer] = a;
+  }
+  const memory::AutoBatch& by_batch = chosen["batch"];
+  EXPECT_GT(by_batch.batch, without) << "recompute lets a larger micro-batch fit" << memory::format_batch_options(by_batch);
+  EXPECT_NE(by_batch.options.front().plan, "no stage");
+  const memory::AutoBatch& by_speed = chosen["throughput"];
+  for (const auto& o : by_speed.options)  // the best predicted, unless a real step refused it
+    if (o.images_per_second > by_speed.options.front().images_per_second) {
+      bool refused = false;
+      for (const auto& [b, peak] : by_speed.tried) refused = refused || (b == o.batch && (peak < 0 || peak > by_speed.estimate.usable));
+      EXPECT_TRUE(refused) << o.batch << memory::format_batch_options(by_speed);
+    }
+}
+
+TEST(AutoBatch, OneImageThatDoesNotFitIsAClearError) {
+  auto monitor = cpu_monitor();
+  const Config c = load_config("", tiny_run({"train.batch=auto"}));
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  try {
+    memory::choose_batch(c, split, *monitor, monitor->sample().allocated + (int64_t(1) << 20));
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit memory.budget 1.00 MiB"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Memory, BudgetAndAllocatorKeysParseAndRoundTrip) {
+  const Config a = load_config("", {"memory.budget=8GiB", "memory.headroom=0.2", "memory.max_split_size_mb=128",
+                                     "memory.expandable_segments=true", "memory.garbage_collection_threshold=0.8"});
+  EXPECT_EQ(a.memory.budget.kind, MemoryBudgetSpec::Kind::bytes);
+  EXPECT_DOUBLE_EQ(a.memory.budget.value, 8.0 * (1 << 30));
+  EXPECT_EQ(memory::allocator_settings(a.memory), "max_split_size_mb:128,garbage_collection_threshold:0.8,expandable_segments:True");
+  const Config b = load_config("", {"memory.budget=0.5", "train.batch=auto"});
+  EXPECT_EQ(b.memory.budget.kind, MemoryBudgetSpec::Kind::fraction);
+  EXPECT_TRUE(b.train.batch_auto);
+  const std::string yaml = config_to_yaml(a);
+  EXPECT_NE(yaml.find("budget: 8589934592"), std::string::npos) << yaml;
+  EXPECT_THROW(load_config("", {"memory.budget=8 apples"}), InputError);
+  EXPECT_THROW(load_config("", {"memory.budget=0"}), InputError);
+  EXPECT_THROW(load_config("", {"train.batch=automatic"}), InputError);
+  EXPECT_EQ(parse_bytes("512MiB").value(), 512.0 * (1 << 20));
+  EXPECT_EQ(parse_bytes("8GB").value(), 8e9);
+  auto monitor = cpu_monitor();
+  EXPECT_THROW(memory::resolve_budget(MemoryBudgetSpec{MemoryBudgetSpec::Kind::bytes, 1e18}, *monitor), InputError);
+  EXPECT_GT(memory::resolve_budget(MemoryBudgetSpec{}, *monitor), 0);
+}
+
+// Allocated is what the tensors hold; reserved adds the blocks the allocator caches, which
+// release_cache returns.
+TEST(Memory, TheCpuMonitorReadsTheCachingAllocator) {
+  auto monitor = cpu_monitor();
+  monitor->release_cache();
+  const MemoryStats before = monitor->sample();
+  EXPECT_EQ(before.reserved, before.active);
+  monitor->reset_peak();
+  {
+    const at::Tensor t = at::empty({1 << 18}, at::kFloat);
+    EXPECT_EQ(monitor->sample().allocated, before.allocated + (1 << 20));
+    EXPECT_GE(monitor->sample().active, before.active + (1 << 20));
+  }
+  EXPECT_EQ(monitor->sample().peak_allocated, before.allocated + (1 << 20));
+  EXPECT_EQ(monitor->sample().allocated, before.allocated);
+  EXPECT_GE(monitor->sample().reserved, before.reserved + (1 << 20));  // the block is cached
+  EXPECT_GT(monitor->sample().fragmentation(), 0);
+  monitor->release_cache();
+  EXPECT_EQ(monitor->sample().reserved, before.reserved);
+  monitor->set_limit(before.reserved + 1024);
+  EXPECT_THROW(at::empty({1 << 18}, at::kFloat), c10::OutOfMemoryError);
+  monitor->set_limit(0);
+  EXPECT_EQ(monitor->sample().ooms, before.ooms + 1);
+}
+
+TEST(Memory, ErrorsThatMeanMemoryAreRecognisedAndTheRestAreNot) {
+  const auto kind = [](const std::string& text) {
+    try {
+      TORCH_CHECK(false, text);
+    } catch (const c10::Error& e) {
+      return memory_failure(e);
+    }
+    return MemoryFailure::none;
+  };
+  EXPECT_EQ(kind("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryFailure::out_of_memory);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), MemoryFailure::out_of_memory);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
+            MemoryFailure::library);
+  EXPECT_EQ(kind("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"), MemoryFailure::library);
+  EXPECT_EQ(kind("GET was unable to find an engine to execute this computation"), MemoryFailure::library);
+  EXPECT_EQ(kind("Expected more than 1 value per channel when training"), MemoryFailure::none);
+}
+
+TEST(Starvation, SaysWhichStageIsSlowAndWhatToChange) {
+  memory::StarvationHook h(memory::StarvationOptions().threshold(0.1));
+  memory::EpochDataTime e;
+  e.steps = 10, e.wait = 0.5, e.workers = 4, e.decode_busy = 0.95;
+  EXPECT_EQ(h.diagnose(e), "");  // 5% waiting: fine
+  e.wait = 4;
+  EXPECT_NE(h.diagnose(e).find("decode threads are busy 95%"), std::string::npos) << h.diagnose(e);
+  EXPECT_NE(h.diagnose(e).find("data.cache: ram"), std::string::npos);
+  e.decode_busy = 0.2;
+  EXPECT_NE(h.diagnose(e).find("data.prefetch"), std::string::npos) << h.diagnose(e);
+  e.workers = 0;
+  EXPECT_NE(h.diagnose(e).find("data.workers: 0"), std::string::npos);
+}
+
+TEST(Starvation, MeasuresAnEpochOfATraining) {
+  const Config c = load_config("", tiny_run({"train.steps=4", "train.val_every=0"}));
+  train::Trainer t(parts_for(c, temp_dir("starve")));
+  auto hook = std::make_unique<memory::StarvationHook>(memory::StarvationOptions().auto_workers(true).max_workers(2));
+  memory::StarvationHook* h = hook.get();
+  t.register_hook(std::move(hook));
+  t.train();
+  EXPECT_GT(h->last_epoch().steps, 0);
+  // the data wait is part of the steps' time, the longest wait part of the epoch's
+  EXPECT_LE(h->last_epoch().wait, h->last_epoch().steps);
+  EXPECT_LE(h->last_epoch().max_wait, h->last_epoch().wait);
+  EXPECT_EQ(h->last_epoch().workers, 1);
+  EXPECT_GT(h->last_epoch().decode, 0);
+}

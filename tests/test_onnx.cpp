@@ -1,0 +1,92 @@
+// ONNX export: the graph a model exports computes the model's forward, as a reference evaluator
+// and ONNX Runtime (on the stored exports) run it.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+
+#include "headroom/core/config.h"
+#include "headroom/core/errors.h"
+#include "headroom/eval/postprocess.h"
+#include "headroom/interop/safetensors.h"
+#include "headroom/interop/torch_file.h"
+#include "headroom/interop/onnx_export.h"
+#include "headroom/interop/onnx_proto.h"
+#include "headroom/interop/weights_import.h"
+#include "headroom/train/trainer.h"
+#include "headroom/interop/init_from.h"
+#include "interop_util.h"
+#include "onnx_util.h"
+#include "test_util.h"
+
+using namespace headroom;
+using namespace headroom::models;
+using namespace headroom::interop;
+using namespace headroom::test;  // fixture, reference, max_abs, run_onnx, forward_outputs
+
+
+// Every shipped family through export: the ONNX checker and shape inference pass (inside
+// export), the graph's outputs equal our forward, and the evaluator that says so equals ONNX
+// Runtime on the graphs stored at fixture time (scripts/make_onnx_reference.py).
+TEST(Interop, OnnxExportEqualsTheForwardAndOnnxRuntime) {
+  const std::string dir = test::temp_dir("onnx");
+  for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
+           {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
+           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}}) {
+    std::map<std::string, at::Tensor> ort;
+    for (auto& [k, t] : interop::read_safetensors(fixture(name + ".onnxruntime.safetensors")).tensors) ort[k] = t;
+    const at::Tensor x = ort.at("input");  // [2, 3, S, S]
+    LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
+    w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)
+    const auto want = forward_outputs(*w.model, x);
+    const std::string path = dir + "/" + name + ".onnx";
+    export_onnx(*w.model, w.info, path, OnnxExportOptions().imgsz(imgsz).dynamic(true));
+    const auto got = run_onnx(path, x);
+    for (const auto& [out, ours] : want) {
+      const double scale = std::max(1.0, ours.abs().max().item<double>());
+      // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order: fp32
+      // rounding, grown by these fixtures' depth and by the box decode (x stride, YOLOv5's
+      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again, and so do
+      // another CPU's (yolov5v7_t: 1.16e-4 of the scale on the accelerator machine's host).
+      const double to_forward = max_abs(got.at(out), ours), to_ort = max_abs(got.at(out), ort.at(out));
+      EXPECT_LT(to_forward, 2e-4 * scale) << name << " " << out;
+      EXPECT_LT(to_ort, 2e-4 * scale) << name << " " << out;
+      std::printf("%s %s: ONNX graph vs forward %.3g, vs ONNX Runtime %.3g; ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(),
+                  out.c_str(), to_forward, to_ort, max_abs(ort.at(out), ours), scale);
+    }
+  }
+}
+
+TEST(Interop, OnnxExportHalfAndStaticBatch) {
+  const std::string dir = test::temp_dir("onnx-half");
+  LoadedWeights w = load_any_weights(fixture("ul_yolo11t.pt"), c10::Device(c10::kCPU));
+  w.model->fuse();
+  const at::Tensor x = reference("ul_yolo11t").at("input").narrow(0, 0, 1);
+  const auto want = forward_outputs(*w.model, x).at("output0");
+  export_onnx(*w.model, w.info, dir + "/s.onnx", OnnxExportOptions().imgsz(64));
+  export_onnx(*w.model, w.info, dir + "/h.onnx", OnnxExportOptions().imgsz(64).half(true));
+  onnx::ModelProto s, h;
+  ASSERT_TRUE(s.ParseFromString(test::read_bytes(dir + "/s.onnx")));
+  ASSERT_TRUE(h.ParseFromString(test::read_bytes(dir + "/h.onnx")));
+  EXPECT_EQ(s.graph().input(0).type().tensor_type().shape().dim(0).dim_value(), 1);  // static batch
+  EXPECT_EQ(h.graph().input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
+  EXPECT_EQ(h.graph().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT16);
+  EXPECT_LT(test::read_bytes(dir + "/h.onnx").size(), test::read_bytes(dir + "/s.onnx").size() * 6 / 10);
+  std::map<std::string, std::string> meta;
+  for (const auto& p : s.metadata_props()) meta[p.key()] = p.value();
+  EXPECT_EQ(meta.at("imgsz"), "[64, 64]");
+  EXPECT_EQ(meta.at("stride"), "32");
+  EXPECT_EQ(meta.at("names").substr(0, 4), "{0: ");
+  EXPECT_LT(max_abs(run_onnx(dir + "/s.onnx", x).at("output0"), want), 1e-4 * want.abs().max().item<double>());
+  // fp16 weights (run here in fp32): within the rounding of the weights
+  const at::Tensor half = run_onnx(dir + "/h.onnx", x).at("output0");
+  EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);  // scores
+}
+
+// The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the
+// tensors of xingyizhou's network (ctdet_coco_hg.pth), with the same shapes.
