@@ -45,6 +45,7 @@ bench: build
 	$(BUILD)/bench_augment
 	$(BUILD)/bench_memory --data $(BUILD)/bench-memory-data
 	$(BUILD)/bench_checkpoint --dir $(BUILD)/bench-checkpoint
+	$(BUILD)/bench_checkpoint --dir $(BUILD)/bench-checkpoint --async
 	$(BUILD)/bench_train --plain --data $(BUILD)/bench-train-data device=cpu
 	$(BUILD)/bench_train --plain --data $(BUILD)/bench-train-data --config configs/yolov5s.yaml model.file=models/yolov5n.yaml data.imgsz=320 device=cpu
 

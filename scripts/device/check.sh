@@ -16,7 +16,7 @@ QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
-STAGES=" ${STAGES:-gpu hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
+STAGES=" ${STAGES:-gpu boundary hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
 want() { [[ $STAGES == *" $1 "* ]]; }
 DEADLINE=${DEADLINE:-540}  # seconds: the run's 600 less the transfers
 lim() { local left=$(( DEADLINE - $(elapsed) )); (( left < $1 )) && echo $left || echo $1; }  # a stage's limit
@@ -85,7 +85,7 @@ fi
 # 2. Issue 15: the seed user's model and size under an 8 GiB budget, fp16, automatic micro-batch
 #    and recompute plan, 32 images per step, validation and checkpoints inside the run.
 syn=/tmp/headroom-synth$size
-if want hg104 || want pipeline || want nproc; then
+if want hg104 || want boundary || want pipeline || want nproc; then
   $B/trainer data synth --out $syn --images $n_img --size $size --classes 1 --max-objects 20 > /dev/null 2>&1
 fi
 # the lines of a training log that say what happened, into the stages log
@@ -103,6 +103,29 @@ if want hg104; then
   status "  epochs" "$(grep -c 'memory, epoch' "$hg_log"); governor decisions $(grep -c 'memory governor, step' "$hg_log"); $(grep -o '[0-9.]* img/s, data wait [0-9]*%' "$hg_log" | tail -1)"
   status "  last memory line" "$(grep -o 'memory, epoch [0-9]*: .*' "$hg_log" | tail -1 | cut -c1-150)"
   status "  max reserved" "$(grep -o 'allocated, [0-9.]* [KMG]iB reserved' "$hg_log" | awk '{print $2, $3}' | sort -h | tail -1) (budget 8 GiB)"
+fi
+
+# 2b. Issue 26: checkpoints behind the training. Hourglass-104 at 512, batch 16, fp16, short
+#     epochs without validation, each ending in last.pt (2.3 GB with Adam and EMA): the GPU's
+#     utilisation every 100 ms; the idle spans (< 10% busy) between the first and the last busy
+#     sample are the epoch boundaries' cost (goal <= 0.2 s each), with and without the thread.
+if want boundary; then
+  for async in true false; do
+    stage "boundary async_checkpoints=$async"
+    util=$OUT/boundary_util_$async.csv
+    [[ $cuda == 1 ]] && { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "$util" 2>&1 & util_pid=$!; }
+    timeout $(lim 90) $B/trainer train --config configs/centernet_hg104.yaml data.dataset=$syn/data.yaml data.imgsz=$hg_size device=$dev \
+      train.batch=16 train.nominal_batch=16 train.amp=$([[ $cuda == 1 ]] && echo fp16 || echo off) train.epochs=$([[ $QUICK == 1 ]] && echo 2 || echo 4) \
+      train.val_every=0 train.async_checkpoints=$async train.plots=false project=/tmp/headroom-runs name=boundary_$async exist_ok=true \
+      > /tmp/train_boundary.log 2>&1
+    rc=$?
+    [[ $cuda == 1 ]] && kill $util_pid 2>/dev/null
+    keep_lines /tmp/train_boundary.log
+    grep -E 'epoch [0-9]+/[0-9]+ .*steps in' /tmp/train_boundary.log | cut -c1-200 >> "$log"
+    status "boundary async=$async" "rc=$rc; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_boundary.log | tr '\n' ';' | cut -c1-160)"
+    [[ -s $util ]] && status "  idle spans (s)" "$(awk '$1+0 >= 50 {if (first == "") first = NR; last = NR} {u[NR] = $1+0}
+      END {run = 0; for (i = first; i <= last; i++) if (u[i] < 10) run++; else if (run) {printf "%.1f ", run / 10; run = 0}}' "$util")"
+  done
 fi
 
 # 3. The estimator on Hourglass-104 at 512 against the measured peak at 7 images: fp32, bf16, bf16 + every stage recomputed.

@@ -362,6 +362,11 @@ std::vector<ConfigKey> build_schema() {
                        int64_t{1} << 40, "Also validate every N optimizer steps; 0 = off."),
       int_key<int64_t>("train.save_every_steps", [](Config& c) -> int64_t& { return c.train.save_every_steps; }, 0,
                        int64_t{1} << 40, "Write weights/step_N.pt every N optimizer steps; 0 = off (last.pt and best.pt are always written)."),
+      bool_key("train.async_checkpoints", [](Config& c) -> bool& { return c.train.async_checkpoints; },
+               "Write checkpoints behind the training: a snapshot of the state (CUDA: copied into reused pinned host buffers "
+               "on the step's stream, no host sync; CPU: a copy, taken only where it fits beside the step's peak under "
+               "memory.budget minus memory.headroom) is written by a thread, atomically as always, while the next steps "
+               "run. A failed write stops the run at the next checkpoint or at its end. false: the step waits for the file."),
       int_key<int>("train.keep", [](Config& c) -> int& { return c.train.keep; }, 1, 1 << 20, "Step checkpoints kept (the newest)."),
       int_key<int>("train.log_every", [](Config& c) -> int& { return c.train.log_every; }, 1, 1 << 20,
                    "Optimizer steps between reads of the device counters (and at every epoch's end): one host sync each, none "

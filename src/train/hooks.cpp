@@ -318,6 +318,8 @@ class InterruptHook : public Hook {
 //   last.pt    once an epoch's end is done (at the next epoch's start, or at the end of the run),
 //              and when a hook stops the run;
 //   best.pt    where validation found a better AP: a copy of the file written at that point.
+// Files are written behind the training (Trainer::save_checkpoint); the copy to best.pt and the
+// pruning of old step files follow their file's write on the writer's thread, in order.
 class CheckpointHook : public Hook {
  public:
   CheckpointHook(int64_t save_every, int64_t keep) : save_every_(save_every), keep_(keep) {}
@@ -333,15 +335,19 @@ class CheckpointHook : public Hook {
     best_saved_step_ = t.state().step;
   }
   void after_step(Trainer& t) override {
-    std::string written;
+    const std::string best = best_due(t) ? weights_path(t, "best.pt") : "";  // validation inside the epoch found a better model
     if (save_every_ > 0 && t.state().step % save_every_ == 0) {
       char name[64];
       std::snprintf(name, sizeof name, "step_%08lld.pt", (long long)t.state().step);
-      written = weights_path(t, name);
-      t.save_checkpoint(written);
-      prune(t);
+      const std::string written = weights_path(t, name);
+      t.save_checkpoint(written, [this, written, best, dir = t.run_dir()] {
+        if (!best.empty()) copy_file_atomic(written, best);
+        prune(dir);
+      });
+    } else if (!best.empty()) {
+      t.save_checkpoint(best);
     }
-    if (best_due(t)) save_best(t, written);  // validation inside the epoch found a better model
+    if (!best.empty()) best_saved_step_ = t.state().step;
   }
   void after_epoch(Trainer&) override { epoch_ended_ = true; }
   void before_epoch(Trainer& t) override {
@@ -349,28 +355,23 @@ class CheckpointHook : public Hook {
   }
   void after_train(Trainer& t) override {
     if (epoch_ended_ || t.state().stop) write_last(t);
+    t.wait_for_checkpoints();
   }
 
  private:
   bool best_due(Trainer& t) const { return t.state().best_step == t.state().step && best_saved_step_ != t.state().step; }
-  void save_best(Trainer& t, const std::string& written) {
-    const std::string best = weights_path(t, "best.pt");
-    if (written.empty())
-      t.save_checkpoint(best);
-    else
-      copy_file_atomic(written, best);
-    best_saved_step_ = t.state().step;
-  }
   void write_last(Trainer& t) {
-    const std::string last = weights_path(t, "last.pt");
-    t.save_checkpoint(last);
+    const std::string last = weights_path(t, "last.pt"), best = best_due(t) ? weights_path(t, "best.pt") : "";
     epoch_ended_ = false;
-    if (best_due(t)) save_best(t, last);
+    t.save_checkpoint(last, [last, best] {
+      if (!best.empty()) copy_file_atomic(last, best);
+    });
+    if (!best.empty()) best_saved_step_ = t.state().step;
   }
-  void prune(Trainer& t) const {
+  void prune(const std::string& run_dir) const {
     std::vector<std::string> steps;
     std::error_code ec;
-    for (const auto& f : fs::directory_iterator(fs::path(t.run_dir()) / "weights", ec))
+    for (const auto& f : fs::directory_iterator(fs::path(run_dir) / "weights", ec))
       if (std::regex_match(f.path().filename().string(), std::regex("step_[0-9]+\\.pt"))) steps.push_back(f.path().string());
     std::sort(steps.begin(), steps.end());
     for (size_t i = 0; i + size_t(keep_) < steps.size(); ++i) fs::remove(steps[i], ec);

@@ -47,7 +47,8 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .read_every(t.log_every)
       .keep_first_batch(t.plots)
       .config_yaml(config_to_yaml(c))
-      .sync_bn(c.distributed.sync_bn);
+      .sync_bn(c.distributed.sync_bn)
+      .async_checkpoints(t.async_checkpoints);
 }
 
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {

@@ -12,6 +12,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/memory_errors.h"
+#include "headroom/core/text.h"
 #include "headroom/models/weights.h"
 #include "headroom/train/checkpoints.h"
 #include "headroom/train/hooks.h"
@@ -103,6 +104,7 @@ void Trainer::train() {
   }
   if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
   each_hook([&](Hook& h) { h.after_train(*this); });
+  checkpoint_writer_.wait();  // the run is not over before its last file is
   if (monitor_) monitor_->phase_ended();
 }
 
@@ -126,7 +128,10 @@ void Trainer::run_step() {
   const std::vector<data::HostBatch> batches = next_batches();
   if (monitor_) monitor_->reset_peak();
   (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
-  if (monitor_) step_memory_ = monitor_->sample();  // host-side counters: no sync
+  if (monitor_) {
+    step_memory_ = monitor_->sample();  // host-side counters: no sync
+    step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
+  }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank
   state_.batch += int64_t(batches.size());
   ++state_.step;
@@ -284,7 +289,7 @@ void Trainer::load_progress(const Json& j) {
                       "the checkpoint's run trains with amp " + j.find("amp")->as_string() + ", which it keeps on resume"));
 }
 
-void Trainer::save_checkpoint(const std::string& path) {
+void Trainer::save_checkpoint(const std::string& path, std::function<void()> then) {
   at::NoGradGuard no_grad;
   fs::create_directories(fs::path(path).parent_path());
   torch::serialize::OutputArchive root, state;
@@ -298,7 +303,23 @@ void Trainer::save_checkpoint(const std::string& path) {
   meta["step"] = state_.step;
   meta["total_steps"] = total_steps();
   meta["config"] = options_.config_yaml();
+  // A CPU snapshot is memory beside the next steps: it must fit under the budget with the
+  // largest step seen, or the governor would take it for the step's own and shrink the batch.
+  const int64_t bytes = archive_tensor_bytes(root), usable = options_.memory_usable();
+  const bool fits = device_.is_cuda() || usable == 0 || step_peak_ + bytes <= usable;
+  if (options_.async_checkpoints() && fits) {
+    checkpoint_writer_.write(std::move(root), path, meta.dump(), std::move(then));
+    return;
+  }
+  if (options_.async_checkpoints() && !said_sync_) {
+    said_sync_ = true;
+    spdlog::info("checkpoints are written while the training waits: a snapshot of {} does not fit beside the step's peak of {} "
+                 "in the {} the budget leaves", format_bytes(double(bytes)), format_bytes(double(step_peak_)),
+                 format_bytes(double(usable)));
+  }
+  checkpoint_writer_.wait();  // in order, after the write in flight
   models::save_archive_atomic(root, path, meta.dump());  // streamed: no copy of the archive in memory
+  if (then) then();
 }
 
 void Trainer::load_checkpoint(const std::string& path) {

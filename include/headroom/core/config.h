@@ -196,6 +196,7 @@ struct TrainConfig {
   int val_every = 1;                // epochs between validations; 0 = at the end only
   int64_t val_every_steps = 0;      // also every N optimizer steps; 0 = off
   int64_t save_every_steps = 0;     // keep a checkpoint every N optimizer steps; 0 = off
+  bool async_checkpoints = true;    // snapshot, then write on a thread
   int keep = 3;                     // step checkpoints kept
   int log_every = 10;               // optimizer steps between progress updates (one host sync each)
   bool plots = true;

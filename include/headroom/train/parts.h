@@ -41,6 +41,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, config_yaml) = ""; // the run's resolved config, stored in checkpoints for resume
   TORCH_ARG(int64_t, world) = 1;            // processes training together; each loads the loader's batch
   TORCH_ARG(bool, sync_bn) = false;         // BatchNorm statistics over every rank's images
+  TORCH_ARG(bool, async_checkpoints) = true;  // CheckpointWriter: a snapshot written by a thread
+  TORCH_ARG(int64_t, memory_usable) = 0;    // bytes the run may hold (budget - headroom); 0 = unbounded
 };
 // The train section (and the device's precision) as trainer options.
 TrainerOptions trainer_options(const Config& c, c10::Device device);

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "headroom/core/json.h"
 #include "headroom/data/cache.h"
+#include "headroom/train/checkpoint_writer.h"
 #include "headroom/train/counters.h"
 #include "headroom/train/ema.h"
 #include "headroom/train/exchange.h"
@@ -118,8 +120,13 @@ class Trainer {
   int64_t world() const { return options_.world(); }
 
   // Checkpoints: a weights file (the EMA, or the model without EMA) with the registry's entries
-  // beside it. load restores everything; the loader restarts at the saved position.
-  void save_checkpoint(const std::string& path);
+  // beside it. load restores everything; the loader restarts at the saved position. With
+  // async_checkpoints, save returns once the state is snapshotted and a thread writes the file
+  // (CheckpointWriter), then runs `then`; on the CPU only where the snapshot fits beside the
+  // step's peak in memory_usable, else the step waits for the file as it always did.
+  // wait_for_checkpoints waits for the write in flight and throws its failure.
+  void save_checkpoint(const std::string& path, std::function<void()> then = {});
+  void wait_for_checkpoints() { checkpoint_writer_.wait(); }
   void load_checkpoint(const std::string& path);
 
   // Validation of the EMA (or the model) on the val split; nullopt when there is none. Records
@@ -211,11 +218,15 @@ class Trainer {
   at::Tensor step_items_, step_deferred_;  // [T] this step's terms so far; [] its deferred normaliser
   std::unique_ptr<DeviceCounters> counters_;
   std::optional<MemoryStats> step_memory_;
+  int64_t step_peak_ = 0;  // the largest step peak allocated so far: what a CPU snapshot must fit beside
+  bool said_sync_ = false;
 
   std::optional<data::HostBatch> first_batch_;
   double data_wait_ = 0, step_seconds_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::optional<eval::CocoStats> last_metrics_;
+  // Last: destroyed first, so a write in flight ends before the hooks its follow-up uses.
+  CheckpointWriter checkpoint_writer_;
 };
 
 }  // namespace headroom::train

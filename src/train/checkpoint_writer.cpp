@@ -1,0 +1,133 @@
+#include "headroom/train/checkpoint_writer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "headroom/core/logging.h"
+#include "headroom/models/weights.h"
+
+namespace headroom::train {
+
+namespace {
+
+// OutputArchive keeps its module private and offers no way to read it back, yet a snapshot has
+// to replace the tensors the parts wrote (the live parameters and moments) by copies. An explicit
+// instantiation may name a private member (C++17 [temp.spec]/6); this one exports it to a friend.
+torch::jit::Module& archive_module(torch::serialize::OutputArchive& archive);
+template <torch::jit::Module torch::serialize::OutputArchive::*Member>
+struct ArchiveModule {
+  friend torch::jit::Module& archive_module(torch::serialize::OutputArchive& archive) { return archive.*Member; }
+};
+template struct ArchiveModule<&torch::serialize::OutputArchive::module_>;
+
+// Every tensor slot of an archive's object and of the archives nested in it, in a fixed order.
+// A tensor inside another container would escape the snapshot: refused, so a new part cannot
+// make checkpoints silently inconsistent.
+template <typename Visit>
+void for_each_tensor(c10::ivalue::Object& object, Visit&& visit) {
+  for (size_t i = 0; i < object.slots().size(); ++i) {
+    const c10::IValue& v = object.getSlot(i);
+    if (v.isTensor()) {
+      visit(object, i, v.toTensor());
+    } else if (v.isObject()) {
+      for_each_tensor(*v.toObject(), visit);
+    } else {
+      c10::IValue::HashAliasedIValues inner;
+      v.getSubValues(inner);
+      for (const c10::IValue& s : inner)
+        TORCH_CHECK(!s.isTensor(), "checkpoint entry ", object.type()->getAttributeName(i),
+                    " holds tensors inside a container: write them one by one");
+    }
+  }
+}
+
+// The whole storage under a tensor, as one flat tensor of its type.
+at::Tensor whole_storage(const at::Tensor& t) {
+  const int64_t n = int64_t(t.storage().nbytes() / t.element_size());
+  return at::empty({0}, t.options()).set_(t.storage(), 0, {n}, {1});
+}
+
+}  // namespace
+
+int64_t archive_tensor_bytes(torch::serialize::OutputArchive& archive) {
+  std::unordered_set<const void*> seen;  // tensors sharing a storage are written once
+  int64_t bytes = 0;
+  for_each_tensor(*archive_module(archive)._ivalue(), [&](c10::ivalue::Object&, size_t, const at::Tensor& t) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) bytes += int64_t(t.storage().nbytes());
+  });
+  return bytes;
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+  }
+}
+
+void CheckpointWriter::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (failed_) std::rethrow_exception(std::exchange(failed_, nullptr));
+}
+
+void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::string path, std::string meta,
+                             std::function<void()> then) {
+  wait();  // the buffers below are the previous snapshot's until its file is written
+  // The snapshot. CUDA: queued on each tensor's current stream, behind the step that produced it
+  // and ahead of the next one that changes it in place; the thread waits on an event, the host
+  // never does. CPU: a copy now (the training thread is the only one changing the tensors).
+  // Storages are copied whole, once each, and the tensors rebuilt on the copies with their own
+  // offsets and strides: tensors that share a storage (the EMA weights at the root and in its
+  // entry) still share it, and the file is the one a direct write makes.
+  std::unordered_map<const void*, at::Tensor> copies;
+  std::vector<c10::Device> devices;
+  size_t n = 0;
+  for_each_tensor(*archive_module(archive)._ivalue(), [&](c10::ivalue::Object& object, size_t slot, const at::Tensor& t) {
+    if (!t.defined()) return;
+    at::Tensor& storage = copies[t.storage().unsafeGetStorageImpl()];
+    if (!storage.defined()) {
+      const at::Tensor source = whole_storage(t);
+      if (t.is_cuda()) {
+        if (n >= pinned_.size()) pinned_.resize(n + 1);
+        at::Tensor& buffer = pinned_[n++];
+        if (!buffer.defined() || buffer.sizes() != source.sizes() || buffer.scalar_type() != source.scalar_type())
+          buffer = at::empty(source.sizes(), source.options().device(c10::kCPU).pinned_memory(true));
+        buffer.copy_(source, /*non_blocking=*/true);
+        storage = buffer;
+        if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) devices.push_back(t.device());
+      } else {
+        storage = source.clone();
+      }
+    }
+    at::Tensor copy = at::empty({0}, storage.options()).set_(storage.storage(), t.storage_offset(), t.sizes(), t.strides());
+    if (copy.is_floating_point()) copy.requires_grad_(t.requires_grad());
+    object.setSlot(slot, copy);
+  });
+  std::vector<c10::Event> copied;  // one per device, after its last copy
+  for (const c10::Device& d : devices) {
+    copied.emplace_back(c10::DeviceType::CUDA);
+    copied.back().record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(d));
+  }
+  thread_ = std::thread([this, archive = std::move(archive), path = std::move(path), meta = std::move(meta),
+                         then = std::move(then), copied = std::move(copied)]() mutable {
+    try {
+      for (const c10::Event& e : copied)
+        while (!e.query()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      models::save_archive_atomic(archive, path, meta);
+      if (then) then();
+    } catch (...) {
+      failed_ = std::current_exception();
+    }
+  });
+}
+
+}  // namespace headroom::train

@@ -1,0 +1,199 @@
+// Checkpoints written behind the training: a file holds the state of the moment it was asked
+// for while the next steps change that state, failures surface, a snapshot that does not fit
+// the budget is not taken, and a process killed while a file is being written leaves every
+// checkpoint loadable and the run resumable.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <signal.h>
+#include <torch/serialize/input-archive.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "headroom/core/errors.h"
+#include "headroom/models/weights.h"
+#include "headroom/train/checkpoint_writer.h"
+#include "headroom/train/checkpoints.h"
+#include "headroom/train/trainer.h"
+#include "test_util.h"
+#include "train_util.h"
+
+using namespace headroom;
+using namespace headroom::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+at::Tensor read_tensor(torch::serialize::InputArchive& a, const std::string& key) {
+  at::Tensor t;
+  a.read(key, t);
+  return t;
+}
+
+}  // namespace
+
+TEST(Checkpoint, AFileHoldsTheTensorsAsTheyWereWhenWriteReturned) {
+  const std::string dir = temp_dir("ck-snapshot"), path = dir + "/a.pt";
+  at::Tensor big = at::arange(int64_t{8} << 20, at::kFloat), small = at::ones({3});
+  {
+    torch::serialize::OutputArchive root, nested;
+    root.write("big", big);
+    nested.write("small", small, /*is_buffer=*/true);
+    root.write("nested", nested);
+    root.write("alias", big.narrow(0, 16, 4));  // a view of the same storage: written once, still a view
+    EXPECT_EQ(train::archive_tensor_bytes(root), (int64_t{8} << 20) * 4 + 12);
+    train::CheckpointWriter w;
+    w.write(std::move(root), path, "{}");
+    // What the next steps do to the live state while the thread writes.
+    for (int i = 0; i < 20; ++i) big.add_(1), small.mul_(2);
+    w.wait();
+  }
+  torch::serialize::InputArchive in, nested;
+  models::load_archive_verified(in, path, c10::Device(c10::kCPU), "checkpoint");
+  const at::Tensor read_big = read_tensor(in, "big"), alias = read_tensor(in, "alias");
+  EXPECT_TRUE(at::equal(read_big, at::arange(int64_t{8} << 20, at::kFloat)));
+  EXPECT_TRUE(at::equal(alias, at::arange(16, 20, at::kFloat)));
+  EXPECT_EQ(alias.storage().unsafeGetStorageImpl(), read_big.storage().unsafeGetStorageImpl());
+  EXPECT_LT(fs::file_size(path), size_t(8 << 20) * 4 + 4096) << "the shared storage was written twice";
+  in.read("nested", nested);
+  at::Tensor s;
+  nested.read("small", s, /*is_buffer=*/true);
+  EXPECT_TRUE(at::equal(s, at::ones({3})));
+}
+
+TEST(Checkpoint, AFailedWriteIsThrownOnceAndTheFileBeforeItStays) {
+  const std::string dir = temp_dir("ck-failure"), path = dir + "/last.pt";
+  train::CheckpointWriter w;
+  {
+    torch::serialize::OutputArchive a;
+    a.write("x", at::ones({4}));
+    w.write(std::move(a), path, "{}");
+    w.wait();
+  }
+  const std::string before = read_bytes(path);
+  // A folder where the file's temporary would go: the write fails on the thread.
+  write_bytes(dir + "/blocked", "a file, not a folder");
+  torch::serialize::OutputArchive b;
+  b.write("x", at::zeros({4}));
+  w.write(std::move(b), dir + "/blocked/last.pt", "{}");
+  try {
+    w.wait();
+    ADD_FAILURE() << "a write into a missing folder succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/blocked"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(w.wait());  // reported once
+  EXPECT_EQ(read_bytes(path), before);
+
+  // The failure is also what the next checkpoint meets first, before it writes anything.
+  torch::serialize::OutputArchive c, d;
+  c.write("x", at::zeros({4}));
+  w.write(std::move(c), dir + "/blocked/again.pt", "{}");
+  d.write("x", at::zeros({4}));
+  EXPECT_THROW(w.write(std::move(d), path, "{}"), std::exception);
+  EXPECT_EQ(read_bytes(path), before);
+
+  // Tensors inside a container would escape the snapshot: refused.
+  torch::serialize::OutputArchive e;
+  e.write("list", c10::IValue(c10::List<at::Tensor>({at::ones({2})})));
+  EXPECT_THROW(w.write(std::move(e), dir + "/list.pt", "{}"), c10::Error);
+}
+
+namespace {
+
+// Saves a checkpoint after step `at` and keeps what the model and its EMA held then.
+class SaveAt : public train::Hook {
+ public:
+  SaveAt(int64_t at, std::string path) : at_(at), path_(std::move(path)) {}
+  void after_step(train::Trainer& t) override {
+    if (t.state().step != at_) return;
+    raw = params_of(t.model());
+    ema = params_of(t.eval_model());
+    t.save_checkpoint(path_);
+    written_on_return = fs::exists(path_);
+  }
+  std::vector<at::Tensor> raw, ema;
+  bool written_on_return = false;
+
+ private:
+  int64_t at_;
+  std::string path_;
+};
+
+bool equal_lists(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!at::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ATrainersCheckpointIsItsStepWhileTheNextStepsRun) {
+  const std::string dir = temp_dir("ck-trainer"), path = dir + "/step2.pt";
+  const Config c = load_config("", tiny_run({"train.steps=5", "train.val_every=0"}));
+  train::Trainer t(parts_for(c, dir));
+  auto hook = std::make_unique<SaveAt>(2, path);
+  SaveAt& save = *hook;
+  t.register_hook(std::move(hook));
+  t.train();
+  ASSERT_FALSE(save.raw.empty());
+  EXPECT_FALSE(equal_lists(params_of(t.model()), save.raw)) << "the steps after the checkpoint changed nothing";
+  auto [raw, ema] = checkpoint_models(path);
+  EXPECT_TRUE(equal_lists(params_of(*raw), save.raw)) << "the file holds weights of a later step";
+  EXPECT_TRUE(equal_lists(params_of(*ema), save.ema)) << "the file holds an EMA of a later step";
+}
+
+TEST(Checkpoint, ASnapshotThatDoesNotFitTheBudgetIsNotTaken) {
+  const std::string dir = temp_dir("ck-fit"), path = dir + "/step1.pt";
+  const Config c = load_config("", tiny_run({"train.steps=2", "train.val_every=0"}));
+  train::TrainerParts p = parts_for(c, dir);
+  p.options.memory_usable(1 << 20);  // far below a step's peak plus the state
+  train::Trainer t(std::move(p));
+  auto hook = std::make_unique<SaveAt>(1, path);
+  SaveAt& save = *hook;
+  t.register_hook(std::move(hook));
+  t.train();
+  EXPECT_TRUE(save.written_on_return) << "the checkpoint was left to a thread with no room for its snapshot";
+  auto [raw, ema] = checkpoint_models(path);
+  EXPECT_TRUE(equal_lists(params_of(*raw), save.raw));
+}
+
+TEST(Checkpoint, AProcessKilledWhileAFileIsWrittenLeavesEveryCheckpointLoadable) {
+  const std::string dir = temp_dir("ck-kill"), weights = dir + "/runs/r/weights";
+  const std::string cfg = config_file(dir, tiny_run({"project=" + dir + "/runs", "name=r", "train.steps=40",
+                                                     "train.save_every_steps=1", "train.keep=100", "train.val_every=0"}));
+  const pid_t pid = spawn_trainer("--config " + cfg, dir + "/log");
+  // Killed the moment a file's temporary appears, after at least one checkpoint is complete.
+  bool caught = false;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (!caught && std::chrono::steady_clock::now() < end) {
+    std::error_code ec;
+    bool complete = false, partial = false;
+    for (const auto& f : fs::directory_iterator(weights, ec)) {
+      const std::string name = f.path().filename().string();
+      complete |= name.rfind("step_", 0) == 0;
+      partial |= name.find(".tmp") != std::string::npos;
+    }
+    if (complete && partial) {
+      ::kill(pid, SIGKILL);
+      caught = true;
+    }
+  }
+  ASSERT_TRUE(caught) << read_bytes(dir + "/log");
+  EXPECT_EQ(wait_exit_code(pid), 128 + SIGKILL);
+  int loadable = 0;
+  for (const auto& f : fs::directory_iterator(weights)) {
+    const std::string name = f.path().filename().string();
+    if (name.find(".tmp") != std::string::npos) continue;
+    EXPECT_NO_THROW(train::checkpoint_meta(f.path().string())) << name;
+    ++loadable;
+  }
+  EXPECT_GT(loadable, 0);
+  const RunResult resumed = run_trainer("train --config " + cfg + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(train::checkpoint_meta(weights + "/last.pt").find("step")->as_number(), 40);
+}
