@@ -286,6 +286,65 @@ TEST(Interop, DamagedFilesNameTheFileAndTheFault) {
   EXPECT_NE(e.find("not a weights file"), std::string::npos) << e;
 }
 
+namespace {
+
+// Pickle opcodes for hand-made hostile files.
+std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+std::string text(const std::string& s) { return "X" + u32(uint32_t(s.size())) + s; }  // BINUNICODE
+std::string get(uint32_t memo) { return "j" + u32(memo); }                              // LONG_BINGET
+
+// A torch.save file in the legacy format around the object pickle `object`: magic number,
+// protocol, system info, the object, then the storage keys (none) and no raw storages.
+std::string legacy_file(const std::string& object) {
+  const std::string magic = std::string("\x80\x02\x8a\x0a", 4) + std::string("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10) + ".";
+  return magic + std::string("\x80\x02M\xe9\x03.", 6) + "\x80\x02}." + "\x80\x02" + object + "." + "\x80\x02]."; 
+}
+
+}  // namespace
+
+// A few bytes of opcodes must not make the reader allocate or walk without bound: storages that
+// together claim more than the file, containers changed after they were nested (a chain that
+// would overflow the stack when freed), shared values nested in each other (2^levels values to
+// walk), and a view past its storage.
+TEST(Interop, HostileTorchFilesAreRefusedWithinBoundedMemory) {
+  const std::string dir = temp_dir("hostile");
+  const auto refused = [&](const std::string& name, const std::string& bytes) {
+    write_bytes(dir + "/" + name, bytes);
+    return thrown([&] { interop::read_torch_file(dir + "/" + name); });
+  };
+  // 4,000 storages, each claiming 2/3 of the file: 640 MB if each were judged alone.
+  std::string object = "(";
+  for (int i = 0; i < 4000; ++i)
+    object += "(" + text("storage") + "ctorch\nFloatStorage\n" + text("k" + std::to_string(i)) + text("cpu") + "J" + u32(40000) + "NtQ";
+  object += "l";
+  std::string e = refused("claims.pt", legacy_file(object));
+  EXPECT_NE(e.find("claims.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than the file holds beside the storages before it"), std::string::npos) << e;
+
+  // 300,000 empty lists, each appended to the one before after that one was placed: a chain
+  // 300,000 deep whose depth no holder records.
+  const uint32_t n = 300000;
+  object.clear();
+  for (uint32_t i = 0; i < n; ++i) object += "]r" + u32(i) + "0";  // EMPTY_LIST, LONG_BINPUT, POP
+  for (uint32_t i = 0; i + 1 < n; ++i) object += get(i) + get(i + 1) + "a0";  // list i appends list i + 1
+  object += get(0);
+  e = refused("chain.pt", legacy_file(object));
+  EXPECT_NE(e.find("a value changed after it was placed in another"), std::string::npos) << e;
+
+  // x = [], then 200 times x = (x, x): 2^200 values to walk in a 1.6 KB pickle.
+  object = "]r" + u32(0);
+  for (uint32_t i = 0; i < 200; ++i) object += "0" + get(i) + get(i) + "\x86" + "r" + u32(i + 1);  // TUPLE2
+  e = refused("shared.pt", legacy_file(object));
+  EXPECT_NE(e.find("more than 10^7 values"), std::string::npos) << e;
+
+  // A view whose element count is small but reaches past its 4-element storage.
+  object = "ctorch._utils\n_rebuild_tensor_v2\n(" + ("(" + text("storage") + "ctorch\nFloatStorage\n" + text("0") + text("cpu") +
+                                                       "J" + u32(4) + "NtQ") +
+           "K\x03" + "K\x02\x85" + "K\x01\x85" + "\x89" + "}" + "tR";  // offset 3, size (2,), stride (1,)
+  e = refused("view.pt", legacy_file(object));
+  EXPECT_NE(e.find("reaches past the end of its storage"), std::string::npos) << e;
+}
+
 // A pickle's value tree as the library wrote it: the checkpoint dict, the model object with
 // its class name, attributes and state_dict names.
 TEST(Interop, PickleTreeOfAnUltralyticsCheckpoint) {

@@ -186,6 +186,32 @@ TEST(Models, BadModelFilesNameTheRowAndTheReason) {
   EXPECT_THROW(build("yolov8s.yaml", 80, "m"), InputError);
 }
 
+// What Headroom cannot build is refused naming the file, line and key, never built as another
+// model: Ultralytics' YOLO26 file (end2end, reg_max 1, SPPF's shortcut and C3k2's attention
+// flags) and typos in top-level keys.
+TEST(Models, AModelFileIsRefusedRatherThanBuiltAsAnotherModel) {
+  const std::string detect = "head:\n  - [-1, 1, Detect, [nc]]\n";
+  const std::string rows = "backbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, SPPF, [8, 5]]\n" + detect;
+  std::string e = model_error("nc: 3\nbackbon:\n  - [-1, 1, Conv, [8, 3, 2]]\n" + detect);
+  EXPECT_NE(e.find("m.yaml:2:1: unknown key 'backbon' (did you mean backbone?)"), std::string::npos) << e;
+  e = model_error("nc: 3\nactivation: nn.ReLU()\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:1: unknown key 'activation'"), std::string::npos) << e;
+  e = model_error("nc: 3\nend2end: True # whether to use end-to-end mode\nreg_max: 1\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:1: end2end: True asks for YOLO26's one-to-one (NMS-free) Detect branch"), std::string::npos) << e;
+  e = model_error("nc: 3\nreg_max: 1\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:1: reg_max: 1 asks for a Detect with 1 distance bins"), std::string::npos) << e;
+  // Arguments a module does not read.
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, SPPF, [8, 5, 3, True]]\n" + detect);
+  EXPECT_NE(e.find("m.yaml:4:5: row 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("SPPF reads 2 arguments; argument 3 (3) is not one Headroom's SPPF takes"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, C3k2, [8, True, 0.5, True]]\n" + detect);
+  EXPECT_NE(e.find("C3k2 reads 3 arguments; argument 4 (True) is not one"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2, 1, 1, 1, True, 7]]\n" + detect);
+  EXPECT_NE(e.find("argument 8 (7)"), std::string::npos) << e;
+  // Ultralytics' values of those keys that Headroom's Detect has build the same model.
+  EXPECT_EQ(model_error("nc: 3\nend2end: False\nreg_max: 16\n" + rows), "");
+}
+
 // A malformed scales entry names its file and line (it used to escape as a yaml-cpp conversion
 // error, exit code 1); the command line exits with 2.
 TEST(Models, AMalformedScaleNamesItsLine) {

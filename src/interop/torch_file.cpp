@@ -154,10 +154,14 @@ TorchFile read_legacy(const std::string& path) {
   next_pickle(no_storage);  // sys_info
   // The raw storages follow the object pickle: allocate each at the size its persistent id
   // states, fill it in once its bytes are reached.
+  // Together they must fit in the file: each storage alone could claim the whole file.
   std::map<std::string, at::Tensor> storages;
+  uint64_t claimed = 0;
   const PyRef root = next_pickle([&](const std::string& key, at::ScalarType dtype, int64_t numel) {
-    if (numel < 0 || uint64_t(numel) > bytes.size() / c10::elementSize(dtype))
-      throw std::runtime_error("storage " + key + " claims " + std::to_string(numel) + " elements, more than the file holds");
+    if (numel < 0 || uint64_t(numel) > (bytes.size() - claimed) / c10::elementSize(dtype))
+      throw std::runtime_error("storage " + key + " claims " + std::to_string(numel) + " elements, more than the file holds" +
+                               (claimed > 0 ? " beside the storages before it" : ""));
+    claimed += uint64_t(numel) * c10::elementSize(dtype);
     wanted[key] = dtype;
     at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
     storages[key] = t;

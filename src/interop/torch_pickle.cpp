@@ -118,12 +118,19 @@ class Unpickler {
     stack_.resize(m);
     return items;
   }
-  // Records that `parent` holds `child`: nesting deeper than this would overflow the stack
-  // where the values are walked or freed.
-  void adopt(PyValue& parent, const PyValue& child) {
+  // Records that `parent` holds `child`, bounding what a few bytes of opcodes can make: nesting
+  // deeper than 1000 would overflow the stack where the values are walked or freed, and shared
+  // values nested in each other (a tuple of x and x, of that and that, ...) make a walk visit
+  // 2^levels values. A container is filled before it is placed in another (torch.save writes
+  // no recursive structures), so the depth and count of every holder stay true.
+  void adopt(PyValue& parent, PyValue& child) {
     if (&parent == &child) fail("a value that contains itself");
+    if (parent.adopted) fail("a value changed after it was placed in another (a recursive structure, which torch.save does not write)");
+    child.adopted = true;
     parent.depth = std::max(parent.depth, child.depth + 1);
     if (parent.depth > 1000) fail("values nested more than 1000 deep (a damaged file?)");
+    parent.nodes += child.nodes;
+    if (parent.nodes > 10'000'000) fail("more than 10^7 values once shared ones are counted where they appear (a damaged file?)");
   }
   PyRef tuple(std::vector<PyRef> items) {
     PyRef t = make(Kind::tuple);

@@ -29,6 +29,7 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
   yaml_file_ = file;
   yaml_text_ = spec.text.empty() ? read_file(file) : spec.text;
   YAML::Node root = load_model_yaml(file, spec, yaml_text_);
+  check_top_level_keys(file, root);
   input_norm_ = read_input_norm(file, root["input"]);
   if (!input_norm_.empty() && spec.channels != 3)
     throw InputError(file + ": input: normalises 3 channels; this model takes " + std::to_string(spec.channels));
@@ -36,7 +37,8 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
   const Scaling scaling = read_scaling(file, root, wanted_scale);
   scale_ = scaling.scale;
   const int64_t nc = read_class_count(file, root, spec.nc);
-  const int64_t channels = root["ch"] ? int64_t(positive_number(file, root["ch"], "ch", true)) : spec.channels;
+  const char* ch = root["ch"] ? "ch" : "channels";  // Ultralytics 8.4 writes channels into the YAML it saves
+  const int64_t channels = root[ch] ? int64_t(positive_number(file, root[ch], ch, true)) : spec.channels;
   const std::vector<YAML::Node> rows = read_rows(file, root);
 
   RowOutputs outs;
@@ -56,6 +58,7 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
     c.scale = scale_;
     c.depthwise_head = depthwise_head;
     BuiltRow b = (*parsed.build)(c);
+    check_arguments_read(c, parsed.module);
     depthwise_head = depthwise_head || b.depthwise_head;
 
     LayerSummary s;

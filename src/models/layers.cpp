@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/functional/upsampling.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -17,6 +18,7 @@ namespace headroom::models {
 void RowContext::fail(const std::string& why) const { throw InputError(where + ": " + why); }
 
 bool RowContext::given(size_t i) const {
+  read = std::max(read, i + 1);
   if (i >= args.size()) return false;
   const YAML::Node& a = args[i];
   return !(a.IsNull() || (a.IsScalar() && (a.Scalar() == "None" || a.Scalar() == "null")));
@@ -274,7 +276,6 @@ std::map<std::string, RowBuilder> make_registry() {
   // blocks where c3k is True; Ultralytics forces c3k in scales m, l and x.
   r["C3k2"] = [](const RowContext& c) {
     single_input(c, "C3k2");
-    if (c.count() > 3) c.fail("C3k2 takes [channels, c3k, expansion]");
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
     const bool c3k = c.boolean(1, false) || c.scale == "m" || c.scale == "l" || c.scale == "x";
     const double e = c.number(2, 0.5);

@@ -2,6 +2,7 @@
 // (errors name file:line and the row).
 #include "model_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 
@@ -22,6 +23,12 @@ fs::path installed_data_dir() {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   return ec ? fs::path() : exe.parent_path().parent_path() / "share" / "headroom";
 }
+
+// Top-level keys Headroom reads. Ultralytics writes yaml_file (where the YAML came from) and
+// channels (its ch) into the YAML a checkpoint carries; end2end and reg_max are accepted at the
+// values Headroom's Detect has.
+const std::vector<std::string> kTopLevelKeys = {"nc",      "scales",   "scale", "depth_multiple", "width_multiple", "anchors", "ch",
+                                                "channels", "input",    "backbone", "head",        "end2end",        "reg_max", "yaml_file"};
 
 // The builder of a row's module; the error names the nearest known module.
 const RowBuilder& find_row_builder(const RowContext& c, const std::string& module) {
@@ -247,6 +254,34 @@ void add_row_inputs(RowContext& c, const std::vector<int>& from, const RowOutput
       c.channels.push_back(j < 0 ? image_channels : outs.channels[size_t(j)]);
       c.strides.push_back(j < 0 ? 1 : outs.strides[size_t(j)]);
     }
+  }
+}
+
+void check_arguments_read(const RowContext& c, const std::string& module) {
+  if (c.count() <= c.read) return;
+  c.fail(module + " reads " + std::to_string(c.read) + " argument" + (c.read == 1 ? "" : "s") + "; argument " +
+         std::to_string(c.read + 1) + " (" + node_text(c.args[c.read]) + ") is not one Headroom's " + module +
+         " takes, and dropping it would build another model than the file describes (a newer Ultralytics block?)");
+}
+
+void check_top_level_keys(const std::string& file, const YAML::Node& root) {
+  for (const auto& kv : root) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : node_text(kv.first);
+    const std::string where = yaml_location(file, kv.first.Mark()) + ": ";
+    if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), key) == kTopLevelKeys.end()) {
+      const std::string near = nearest_match(key, kTopLevelKeys);
+      std::string known;
+      for (const auto& k : kTopLevelKeys) known += (known.empty() ? "" : ", ") + k;
+      throw InputError(where + "unknown key '" + key + "'" + (near.empty() ? "" : " (did you mean " + near + "?)") +
+                       "; a model file has " + known);
+    }
+    const std::string value = kv.second.IsScalar() ? to_lower(kv.second.Scalar()) : node_text(kv.second);
+    if (key == "end2end" && value != "false")
+      throw InputError(where + "end2end: " + kv.second.Scalar() + " asks for YOLO26's one-to-one (NMS-free) Detect branch, which "
+                       "Headroom does not build; without it this file would train another model");
+    if (key == "reg_max" && value != "16")
+      throw InputError(where + "reg_max: " + node_text(kv.second) + " asks for a Detect with " + node_text(kv.second) +
+                       " distance bins; Headroom's Detect has 16 (DFL), so this file would train another model");
   }
 }
 

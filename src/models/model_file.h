@@ -46,6 +46,12 @@ struct ParsedRow {
   const RowBuilder* build = nullptr;
 };
 ParsedRow parse_row(const std::string& file, const YAML::Node& r, size_t i);
+// After a row's builder ran: an argument it never looked at would be silently dropped and build
+// another model than the file describes (SPPF's shortcut flag, C3k2's attention flag of YOLO26).
+void check_arguments_read(const RowContext& c, const std::string& module);
+// The file's top-level keys: an unknown one (a typo, another framework's option) or a value
+// Headroom does not build (end2end: True, reg_max other than 16) is an error naming file:line.
+void check_top_level_keys(const std::string& file, const YAML::Node& root);
 
 // What the rows built so far output, per row, for the rows that read them.
 struct RowOutputs {

@@ -32,6 +32,8 @@ struct PyValue {
   PyRef state;                                    // object: what BUILD gave it (usually a dict of attributes)
   at::Tensor tensor;                              // tensor (on the CPU, in its saved dtype)
   int depth = 0;                                  // nesting below it (the reader refuses > 1000)
+  int64_t nodes = 1;                              // values a walk of it visits, shared ones each time (refused > 10^7)
+  bool adopted = false;                           // held by another value: changing it then is refused
 
   // A dict's entry, or an object's attribute (from its state), by string key; null when absent.
   const PyValue* get(const std::string& key) const;

@@ -34,10 +34,11 @@ struct RowContext {
   YAML::Node anchors;
   std::string scale;                 // the scale's name ("n", "m", ...): YOLO11 rows read it
   bool depthwise_head = false;       // an earlier row asked Detect for YOLO11's class branch
+  mutable size_t read = 0;           // one past the highest argument the builder looked at
 
   [[noreturn]] void fail(const std::string& why) const;
   size_t count() const { return args.size(); }
-  bool given(size_t i) const;                       // present and not None
+  bool given(size_t i) const;                       // present and not None (every accessor asks it)
   int64_t integer(size_t i, int64_t fallback) const;  // "nc" reads as the class count
   double number(size_t i, double fallback) const;
   bool boolean(size_t i, bool fallback) const;
