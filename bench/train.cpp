@@ -4,7 +4,9 @@
 // loader), input (to the device, augmentation, targets, the loss normalisers), forward, loss,
 // backward, update (unscale, non-finite check, clip, optimizer) and hooks (EMA, logging, the
 // governor's bookkeeping). Time outside the steps (an epoch's end: its memory and data lines,
-// last.pt) is reported apart. The steps after --warmup are measured.
+// last.pt) is reported apart, and per epoch boundary: from the end of an epoch's last step to
+// the first batch of the next in hand (its loader wait included), the time a device would sit
+// idle there. The steps after --warmup are measured.
 //
 // With --plain (CPU), the same model and loss first train as a plain LibTorch loop does:
 // LibTorch's default allocator, no governor, no hooks, torch::optim::SGD, on one step's batches
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "headroom/augment/augment.h"
 #include "headroom/cli/run.h"
@@ -57,8 +60,8 @@ constexpr size_t kNumPhases = sizeof kPhases / sizeof kPhases[0];
 // Seconds per phase, summed over the measured steps.
 struct Timing {
   double phase[kNumPhases] = {};
-  double steps_seconds = 0, wall_seconds = 0;
-  int64_t steps = 0, images = 0;
+  double steps_seconds = 0, wall_seconds = 0, boundary_seconds = 0;
+  int64_t steps = 0, images = 0, boundaries = 0;
   Usage start, end;  // at the first measured step and after the last
   Json json(const std::string& runner, const Config& c, c10::Device device) const {
     Json j = Json::object();
@@ -78,6 +81,8 @@ struct Timing {
     for (size_t i = 0; i < kNumPhases; ++i) p[kPhases[i]] = phase[i] / double(std::max<int64_t>(steps, 1));
     j["phase_s"] = std::move(p);
     j["outside_steps_s"] = std::max(0.0, wall_seconds - steps_seconds);
+    j["epoch_boundaries"] = boundaries;
+    j["epoch_boundary_s"] = boundaries > 0 ? boundary_seconds / double(boundaries) : 0.0;
     j["minor_faults_per_step"] = double(end.minor_faults - start.minor_faults) / double(std::max<int64_t>(steps, 1));
     j["system_s_per_step"] = (end.system_seconds - start.system_seconds) / double(std::max<int64_t>(steps, 1));
     return j;
@@ -90,8 +95,10 @@ class PhaseTimer : public train::Hook {
  public:
   PhaseTimer(Timing& t, int64_t warmup) : t_(t), warmup_(warmup) {}
   void before_train(train::Trainer&) override { start_ = Clock::now(); }
+  void after_epoch(train::Trainer&) override { boundary_ = true; }
   void before_step(train::Trainer& tr) override {
     step_start_ = last_ = Clock::now();
+    if (boundary_) gap_ = std::chrono::duration<double>(step_start_ - step_end_).count();
     wait_ = tr.data_wait_seconds();
     std::fill(std::begin(now_), std::end(now_), 0.0);
   }
@@ -107,6 +114,8 @@ class PhaseTimer : public train::Hook {
   }
   void after_step(train::Trainer& tr) override {
     now_[6] = since(last_);
+    step_end_ = Clock::now();
+    const bool after_boundary = std::exchange(boundary_, false);
     if (tr.state().step <= warmup_) {
       if (tr.state().step == warmup_) start_ = Clock::now(), t_.start = usage();
       return;
@@ -114,6 +123,7 @@ class PhaseTimer : public train::Hook {
     t_.end = usage();
     for (size_t i = 0; i < kNumPhases; ++i) t_.phase[i] += now_[i];
     t_.steps_seconds += since(step_start_);
+    if (after_boundary) t_.boundary_seconds += gap_ + now_[0], ++t_.boundaries;
     t_.wall_seconds = since(start_);
     ++t_.steps;
     t_.images += tr.batch() * tr.accumulate();
@@ -122,8 +132,9 @@ class PhaseTimer : public train::Hook {
  private:
   Timing& t_;
   int64_t warmup_;
-  Clock::time_point start_, step_start_, last_;
-  double wait_ = 0, now_[kNumPhases] = {};
+  Clock::time_point start_, step_start_, step_end_, last_;
+  double wait_ = 0, gap_ = 0, now_[kNumPhases] = {};
+  bool boundary_ = false;  // an epoch ended since the last step
 };
 
 // The model and loss of the run trained by a plain LibTorch loop, on one step's batches
@@ -216,6 +227,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   set_intra_op_threads(AutoInt{});
   try {
+    overrides.insert(overrides.begin(), "data.dataset=''");  // the config's own data need not exist: the synthetic set replaces it
     Config c = load_config(config, overrides);
     set_intra_op_threads(c.threads);
     const c10::Device device = resolve_device(c.device, query_cuda()).device;
