@@ -4,19 +4,21 @@
 #   make test-cuda  the same suite against LibTorch 2.x with CUDA from the PyPI torch wheel
 #                   (a virtual environment under build-cuda/; CUDA code compiles and links,
 #                   the tests run on the CPU where there is no GPU)
+#   make onnxruntime  build/onnxruntime: a Python with ONNX Runtime, the tests' ONNX oracle
 #   make bench      the benchmarks, one JSON line per measurement
 #   make install    trainer into $(PREFIX)/bin, models and example configs into $(PREFIX)/share/headroom
 
 BUILD       ?= build
 CUDA_BUILD  ?= build-cuda
 TORCH_WHEEL ?= torch==2.11.0
+ONNXRUNTIME ?= onnxruntime==1.32.0
 CUDA_HOME   ?= /usr/local/cuda
 PYTHON      ?= python3
 JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PREFIX      ?= /usr/local
 
-.PHONY: all deps build demo test bench install cuda-build test-cuda clean
+.PHONY: all deps build demo test bench install cuda-build test-cuda onnxruntime clean
 
 all: build
 
@@ -34,8 +36,17 @@ demo: build
 	$(BUILD)/trainer data check --config configs/demo.yaml --quick
 	$(BUILD)/trainer train --config configs/demo.yaml
 
-test: build
+test: build onnxruntime
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The exported graphs are checked by ONNX Runtime (tests/onnxruntime_run.py), from PyPI.
+onnxruntime: build/onnxruntime/.installed
+build/onnxruntime/.installed:
+	bash scripts/install-deps.sh
+	$(PYTHON) -m venv build/onnxruntime
+	build/onnxruntime/bin/pip install --quiet $(ONNXRUNTIME) numpy
+	build/onnxruntime/bin/python -c 'import onnxruntime; print("onnxruntime", onnxruntime.__version__)'
+	touch $@
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
@@ -68,7 +79,7 @@ $(CUDA_BUILD)/build.ninja: $(CUDA_BUILD)/venv/.torch-installed
 cuda-build: deps $(CUDA_BUILD)/build.ninja
 	cmake --build $(CUDA_BUILD) -j $(JOBS)
 
-test-cuda: cuda-build
+test-cuda: cuda-build onnxruntime
 	ctest --test-dir $(CUDA_BUILD) --output-on-failure -j $(JOBS)
 
 clean:

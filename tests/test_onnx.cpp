@@ -1,5 +1,4 @@
-// ONNX export: the graph a model exports computes the model's forward, as a reference evaluator
-// and ONNX Runtime (on the stored exports) run it.
+// ONNX export: the graph a model exports computes the model's forward, as ONNX Runtime runs it.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -30,34 +29,47 @@ using namespace headroom::interop;
 using namespace headroom::test;  // fixture, reference, max_abs, run_onnx, forward_outputs
 
 
-// Every shipped family through export: the ONNX checker and shape inference pass (inside
-// export), the graph's outputs equal our forward, and the evaluator that says so equals ONNX
-// Runtime on the graphs stored at fixture time (scripts/make_onnx_reference.py).
-TEST(Interop, OnnxExportEqualsTheForwardAndOnnxRuntime) {
+// Every shipped family through export, run by ONNX Runtime: the fp32 graph (a symbolic batch)
+// equals our forward on the same input, and so does the fp16 one (fp16 input, weights and
+// outputs) within half precision's rounding.
+TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
   const std::string dir = test::temp_dir("onnx");
   for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
            {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
            {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}}) {
-    std::map<std::string, at::Tensor> ort;
-    for (auto& [k, t] : interop::read_safetensors(fixture(name + ".onnxruntime.safetensors")).tensors) ort[k] = t;
-    const at::Tensor x = ort.at("input");  // [2, 3, S, S]
+    const at::Tensor x = reference(name).at("input");  // [2, 3, S, S]
     LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
     w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)
     const auto want = forward_outputs(*w.model, x);
-    const std::string path = dir + "/" + name + ".onnx";
-    export_onnx(*w.model, w.info, path, OnnxExportOptions().imgsz(imgsz).dynamic(true));
-    const auto got = run_onnx(path, x);
+    const std::string fp32 = dir + "/" + name + ".onnx", fp16 = dir + "/" + name + ".half.onnx";
+    export_onnx(*w.model, w.info, fp32, OnnxExportOptions().imgsz(imgsz).dynamic(true));
+    export_onnx(*w.model, w.info, fp16, OnnxExportOptions().imgsz(imgsz).dynamic(true).half(true));
+    const auto got = run_onnx(fp32, x), half = run_onnx(fp16, x);
     for (const auto& [out, ours] : want) {
+      ASSERT_TRUE(got.count(out) && half.count(out)) << name << ": no output " << out;
       const double scale = std::max(1.0, ours.abs().max().item<double>());
-      // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order: fp32
-      // rounding, grown by these fixtures' depth and by the box decode (x stride, YOLOv5's
-      // (2 sigma)^2 x anchor). ONNX Runtime's convolutions round differently again, and so do
-      // another CPU's (yolov5v7_t: 1.16e-4 of the scale on the accelerator machine's host).
-      const double to_forward = max_abs(got.at(out), ours), to_ort = max_abs(got.at(out), ort.at(out));
-      EXPECT_LT(to_forward, 2e-4 * scale) << name << " " << out;
-      EXPECT_LT(to_ort, 2e-4 * scale) << name << " " << out;
-      std::printf("%s %s: ONNX graph vs forward %.3g, vs ONNX Runtime %.3g; ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(),
-                  out.c_str(), to_forward, to_ort, max_abs(ort.at(out), ours), scale);
+      // The graph writes SiLU as x * sigmoid(x) and sums the DFL bins in another order, and ONNX
+      // Runtime's convolutions round otherwise: fp32 rounding, grown by these fixtures' depth and
+      // by the box decode (x stride, YOLOv5's (2 sigma)^2 x anchor).
+      const double e32 = max_abs(got.at(out), ours);
+      EXPECT_LT(e32, 2e-4 * scale) << name << " " << out;
+      // fp16: scores and heatmaps within 0.02-0.05; YOLO boxes are decoded from these random
+      // fixtures' far-off distances (outputs up to 800 px on a 64 px input), whose fp16 sums and
+      // differences lose whole pixels at the extremes, so their median is held; CenterNet's size
+      // and offset maps within 1% of their largest value.
+      const at::Tensor d = (half.at(out) - ours).abs();
+      if (out == "output0") {
+        const double boxes = d.narrow(1, 0, 4).median().item<double>(), scores = d.narrow(1, 4, d.size(1) - 4).max().item<double>();
+        EXPECT_LT(scores, 0.02) << name;
+        EXPECT_LT(boxes, 1.0) << name;
+        std::printf("%s: ONNX Runtime vs forward %.3g (fp32, outputs up to %.3g); fp16: scores %.3g, boxes' median %.3g px\n",
+                    name.c_str(), e32, scale, scores, boxes);
+      } else {
+        const double e16 = d.max().item<double>();
+        EXPECT_LT(e16, out == "heatmap" ? 0.05 : 0.01 * scale) << name << " " << out;
+        std::printf("%s %s: ONNX Runtime vs forward %.3g (fp32), %.3g (fp16); outputs up to %.3g\n", name.c_str(), out.c_str(), e32,
+                    e16, scale);
+      }
     }
   }
 }
@@ -83,9 +95,9 @@ TEST(Interop, OnnxExportHalfAndStaticBatch) {
   EXPECT_EQ(meta.at("stride"), "32");
   EXPECT_EQ(meta.at("names").substr(0, 4), "{0: ");
   EXPECT_LT(max_abs(run_onnx(dir + "/s.onnx", x).at("output0"), want), 1e-4 * want.abs().max().item<double>());
-  // fp16 weights (run here in fp32): within the rounding of the weights
+  // fp16 through and through: the scores within half precision's rounding
   const at::Tensor half = run_onnx(dir + "/h.onnx", x).at("output0");
-  EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);  // scores
+  EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);
 }
 
 // The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the

@@ -96,9 +96,11 @@ std::string read_bytes(const std::string& path) {
   return ss.str();
 }
 
-RunResult run_trainer(const std::string& args) {
+RunResult run_trainer(const std::string& args) { return run_command(std::string(HEADROOM_TRAINER) + " " + args); }
+
+RunResult run_command(const std::string& command) {
   RunResult r;
-  const std::string cmd = std::string(HEADROOM_TRAINER) + " " + args + " 2>&1";
+  const std::string cmd = command + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return {-1, "popen failed"};
   char buf[4096];

@@ -35,6 +35,8 @@ struct RunResult {
   int exit_code = 0;
   std::string output;  // stdout and stderr together
 };
+// Runs a shell command line.
+RunResult run_command(const std::string& command);
 // Runs build/trainer with `args` (a shell-quoted string).
 RunResult run_trainer(const std::string& args);
 
