@@ -29,9 +29,10 @@ using namespace headroom::interop;
 using namespace headroom::test;  // fixture, reference, max_abs, run_onnx, forward_outputs
 
 
-// Every shipped family through export, run by ONNX Runtime: the fp32 graph (a symbolic batch)
-// equals our forward on the same input, and so does the fp16 one (fp16 input, weights and
-// outputs) within half precision's rounding.
+// Every shipped family through export, run by ONNX Runtime: the fp32 graph (symbolic batch,
+// height and width) equals our forward on the same input, at the export size and at a taller
+// one, and so does the fp16 one (fp16 input, weights and outputs) within half precision's
+// rounding.
 TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
   const std::string dir = test::temp_dir("onnx");
   for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
@@ -45,6 +46,20 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
     export_onnx(*w.model, w.info, fp32, OnnxExportOptions().imgsz(imgsz).dynamic(true));
     export_onnx(*w.model, w.info, fp16, OnnxExportOptions().imgsz(imgsz).dynamic(true).half(true));
     const auto got = run_onnx(fp32, x), half = run_onnx(fp16, x);
+    // Another height than the export's, and not square: the head's grids follow the input.
+    const int64_t multiple = w.model->info().input_multiple, taller = (imgsz / multiple + 1) * multiple;
+    const at::Tensor first = x.narrow(0, 0, 1), tall = at::cat({first, first.narrow(2, 0, taller - imgsz)}, 2);  // [1, 3, taller, S]
+    for (const auto& [out, ours] : forward_outputs(*w.model, tall)) {
+      const auto other = run_onnx(fp32, tall);
+      ASSERT_TRUE(other.count(out)) << name << ": no output " << out;
+      ASSERT_EQ(other.at(out).sizes(), ours.sizes()) << name << " " << out << " at " << taller << "x" << imgsz;
+      const double e = max_abs(other.at(out), ours), scale = std::max(1.0, ours.abs().max().item<double>());
+      // The random Hourglass at twice its fixture's size reaches logits near 1e4, whose fp32
+      // rounding moves the sigmoid's steepest probabilities by up to 3e-3.
+      EXPECT_LT(e, out == "heatmap" ? 1e-2 : 2e-4 * scale) << name << " " << out << " at " << taller << "x" << imgsz;
+      std::printf("%s %s at %lldx%lld: ONNX Runtime vs forward %.3g (outputs up to %.3g)\n", name.c_str(), out.c_str(),
+                  (long long)taller, (long long)imgsz, e, scale);
+    }
     for (const auto& [out, ours] : want) {
       ASSERT_TRUE(got.count(out) && half.count(out)) << name << ": no output " << out;
       const double scale = std::max(1.0, ours.abs().max().item<double>());

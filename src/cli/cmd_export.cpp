@@ -19,7 +19,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"onnx", "safetensors"}))
       ->capture_default_str();
   cmd->add_flag("--half", half, "fp16 weights (ONNX: fp16 input and outputs too, for GPU runtimes)");
-  cmd->add_flag("--dynamic", dynamic, "ONNX: a symbolic batch dimension");
+  cmd->add_flag("--dynamic", dynamic, "ONNX: symbolic batch, height and width (the head's grids follow the input)");
   cmd->add_option("--imgsz", imgsz, "ONNX: the square input size")->capture_default_str();
   cmd->add_option("--batch", batch, "ONNX: the static batch size")->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");

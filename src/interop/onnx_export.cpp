@@ -96,8 +96,9 @@ void set(onnx::NodeProto& n, const char* name, const std::string& v) {
 // the mirror of that module's forward.
 class Emitter {
  public:
-  explicit Emitter(Graph& g) : g(g) {}
+  Emitter(Graph& g, bool dynamic) : g(g), dynamic(dynamic) {}
   Graph& g;
+  const bool dynamic;  // symbolic batch, height and width: the head computes its grids from the features' shapes
 
   std::string module(torch::nn::Module& m, const std::string& x);
 
@@ -269,10 +270,39 @@ std::vector<std::string> emit_row(Emitter& e, LayerImpl& layer, const std::vecto
   return it->second(e, layer, in);
 }
 
-// [1, 2, A] anchor points and [1, 1, A] strides at the export size, as decode_candidates uses.
-std::pair<at::Tensor, at::Tensor> anchor_grid(const std::vector<at::Tensor>& feats, const std::vector<int64_t>& strides) {
-  const models::AnchorGrid grid = models::make_anchor_grid(feats, strides, 0.5);  // points [A, 2], strides [A, 1]
-  return {grid.points.t().unsqueeze(0), grid.strides.t().unsqueeze(0)};
+// A feature map's cells, from its shape in the graph (a symbolic height and width): [1, 2, H*W],
+// x then y of each cell in row-major order, plus `offset`, in the graph's float type.
+std::string cell_grid(Emitter& e, const std::string& feature, double offset) {
+  Graph& g = e.g;
+  const std::string shape = g.op("Shape", {feature}), zero = g.tensor(at::scalar_tensor(0, at::kLong), "index");
+  const auto coordinates = [&](int64_t dim, int64_t axis) {  // [1, W] or [H, 1]: 0, 1, ... + offset
+    const std::string n = g.op("Gather", {shape, g.tensor(at::scalar_tensor(dim, at::kLong), "index")});
+    const std::string r = g.op("Range", {zero, n, g.tensor(at::scalar_tensor(1, at::kLong), "index")});
+    const std::string f = g.op("Cast", {r}, [&](onnx::NodeProto& p) {
+      set(p, "to", int64_t(g.half() ? onnx::TensorProto::FLOAT16 : onnx::TensorProto::FLOAT));
+    });
+    return g.op("Unsqueeze", {e.add(f, g.scalar(offset)), g.ints({axis})});
+  };
+  const std::string hw = e.slice(shape, 0, 2, 4);
+  const std::string x = g.op("Expand", {coordinates(3, 0), hw}), y = g.op("Expand", {coordinates(2, 1), hw});  // [H, W]
+  return e.concat({e.reshape(x, {1, 1, -1}), e.reshape(y, {1, 1, -1})}, 1);
+}
+
+// [1, 2, A] anchor points and [1, 1, A] strides, as decode_candidates uses: constants at the
+// export size, or computed from the features' shapes when height and width are symbolic.
+std::pair<std::string, std::string> anchor_grid(Emitter& e, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
+                                                const std::vector<int64_t>& strides) {
+  if (!e.dynamic) {
+    const models::AnchorGrid grid = models::make_anchor_grid(feats, strides, 0.5);  // points [A, 2], strides [A, 1]
+    return {e.g.tensor(grid.points.t().unsqueeze(0), "anchors"), e.g.tensor(grid.strides.t().unsqueeze(0), "strides")};
+  }
+  std::vector<std::string> points, level_strides;
+  for (size_t i = 0; i < f.size(); ++i) {
+    points.push_back(cell_grid(e, f[i], 0.5));
+    const std::string one = e.g.op("Shape", {e.slice(points.back(), 1, 0, 1)});  // [1, 1, H*W]
+    level_strides.push_back(e.g.op("Expand", {e.g.tensor(at::full({1, 1, 1}, double(strides[i])), "strides"), one}));
+  }
+  return {e.concat(points, 2), e.concat(level_strides, 2)};
 }
 
 // YOLOv8 / YOLO11: DFL expectation, distances to a centre-size box, sigmoid classes.
@@ -288,8 +318,7 @@ std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::s
   const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, reg_max, 1}), "dfl");
   const std::string dist = e.g.op("ReduceSum", {e.g.op("Mul", {probs, bins}), e.g.ints({2})},
                                   [](onnx::NodeProto& n) { set(n, "keepdims", int64_t(0)); });  // [B, 4, A] l, t, r, b
-  const auto [points, stride] = anchor_grid(feats, strides);
-  const std::string p = e.g.tensor(points, "anchors"), s = e.g.tensor(stride, "strides");
+  const auto [p, s] = anchor_grid(e, f, feats, strides);
   const std::string x1y1 = e.g.op("Sub", {p, e.slice(dist, 1, 0, 2)}), x2y2 = e.add(p, e.slice(dist, 1, 2, 4));
   const std::string centre = e.g.op("Mul", {e.add(x1y1, x2y2), e.g.scalar(0.5)}), size = e.g.op("Sub", {x2y2, x1y1});
   const std::string boxes = e.g.op("Mul", {e.concat({centre, size}, 1), s});
@@ -302,33 +331,43 @@ std::string emit_detect_v5(Emitter& e, DetectV5Impl& d, const std::vector<std::s
   const int64_t na = d.anchors_per_cell(), no = d.nc() + 5;
   std::vector<std::string> levels;
   for (size_t i = 0; i < f.size(); ++i) {
-    const int64_t H = feats[i].size(2), W = feats[i].size(3);
     const std::string raw = e.conv_bn(*d.m[i]->as<ConvBnImpl>(), f[i]);  // [B, na * no, H, W]
-    const std::string y = e.g.op("Sigmoid", {e.reshape(e.transpose(e.reshape(raw, {0, na, no, H * W}), {0, 2, 1, 3}), {0, no, na * H * W})});
+    const std::string y = e.g.op("Sigmoid", {e.reshape(e.transpose(e.reshape(raw, {0, na, no, -1}), {0, 2, 1, 3}), {0, no, -1})});
     // per anchor column (a, h, w): cell x, y and the anchor's w, h in pixels
-    const auto grid = at::meshgrid({at::arange(H, at::kFloat), at::arange(W, at::kFloat)}, "ij");
-    const at::Tensor cell = at::stack({grid[1].flatten(), grid[0].flatten()}).repeat({1, na}).unsqueeze(0);          // [1, 2, na*H*W]
-    const at::Tensor anchor = d.anchors()[int64_t(i)].to(at::kFloat).t().repeat_interleave(H * W, 1).unsqueeze(0);     // [1, 2, na*H*W]
+    const at::Tensor sizes = d.anchors()[int64_t(i)].to(at::kFloat).t();  // [2, na]
+    std::string cell, anchor;  // [1, 2, na*H*W]
+    if (e.dynamic) {
+      const std::string grid = cell_grid(e, f[i], 0.0);  // [1, 2, H*W]
+      cell = e.g.op("Tile", {grid, e.g.ints({1, 1, na})});
+      const std::string shape = e.concat({e.g.ints({1, 2, na}), e.slice(e.g.op("Shape", {grid}), 0, 2, 3)}, 0);
+      anchor = e.reshape(e.g.op("Expand", {e.g.tensor(sizes.view({1, 2, na, 1}), "anchor_sizes"), shape}), {1, 2, -1});
+    } else {
+      const int64_t H = feats[i].size(2), W = feats[i].size(3);
+      const auto grid = at::meshgrid({at::arange(H, at::kFloat), at::arange(W, at::kFloat)}, "ij");
+      cell = e.g.tensor(at::stack({grid[1].flatten(), grid[0].flatten()}).repeat({1, na}).unsqueeze(0), "cells");
+      anchor = e.g.tensor(sizes.repeat_interleave(H * W, 1).unsqueeze(0), "anchor_sizes");
+    }
     const std::string two = e.g.scalar(2.0);
-    const std::string xy = e.g.op("Mul", {e.add(e.g.op("Sub", {e.g.op("Mul", {e.slice(y, 1, 0, 2), two}), e.g.scalar(0.5)}),
-                                                 e.g.tensor(cell, "cells")),
+    const std::string xy = e.g.op("Mul", {e.add(e.g.op("Sub", {e.g.op("Mul", {e.slice(y, 1, 0, 2), two}), e.g.scalar(0.5)}), cell),
                                            e.g.scalar(double(strides[i]))});
     const std::string wh2 = e.g.op("Mul", {e.slice(y, 1, 2, 4), two});
-    const std::string wh = e.g.op("Mul", {e.g.op("Mul", {wh2, wh2}), e.g.tensor(anchor, "anchor_sizes")});
+    const std::string wh = e.g.op("Mul", {e.g.op("Mul", {wh2, wh2}), anchor});
     const std::string scores = e.g.op("Mul", {e.slice(y, 1, 5, no), e.slice(y, 1, 4, 5)});
     levels.push_back(e.concat({xy, wh, scores}, 1));
   }
   return e.concat(levels, 2);
 }
 
-void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const std::vector<int64_t>& dims, bool dynamic) {
+// An input or output; with --dynamic the dimensions named in `symbolic` ("" = fixed) are symbolic.
+void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const std::vector<int64_t>& dims, bool dynamic,
+            const std::vector<std::string>& symbolic) {
   v->set_name(name);
   auto* t = v->mutable_type()->mutable_tensor_type();
   t->set_elem_type(half ? onnx::TensorProto::FLOAT16 : onnx::TensorProto::FLOAT);
   for (size_t i = 0; i < dims.size(); ++i) {
     auto* d = t->mutable_shape()->add_dim();
-    if (i == 0 && dynamic)
-      d->set_dim_param("batch");
+    if (dynamic && !symbolic[i].empty())
+      d->set_dim_param(symbolic[i]);
     else
       d->set_dim_value(dims[i]);
   }
@@ -499,14 +538,16 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   init_model_proto(m, model.name());
   onnx::GraphProto& gp = *m.mutable_graph();
   Graph g(gp, o.half());
-  Emitter e(g);
+  Emitter e(g, o.dynamic());
   const int64_t B = o.dynamic() ? 1 : o.batch();
-  add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic());
+  add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic(), {"batch", "", "height", "width"});
   const std::string image = emit_input_norm(g, model.input_norm());
   const std::vector<std::string> features = emit_rows(e, model, image);
   for (const auto& [value, name] : emit_head(e, model, features, probe)) {
     rename_output(gp, value, name);
-    add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B), o.dynamic());
+    const std::vector<std::string> symbolic = di.family == "centernet" ? std::vector<std::string>{"batch", "", "out_height", "out_width"}
+                                                                       : std::vector<std::string>{"batch", "", "anchors"};
+    add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B), o.dynamic(), symbolic);
   }
   add_metadata(m, di, info, B, o.imgsz());
   check_graph(m);
