@@ -20,6 +20,12 @@
 #include "test_util.h"
 #include "train_util.h"
 
+#ifdef HEADROOM_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "headroom/core/device.h"
+#endif
+
 using namespace headroom;
 using namespace headroom::test;
 namespace fs = std::filesystem;
@@ -62,6 +68,38 @@ TEST(Checkpoint, AFileHoldsTheTensorsAsTheyWereWhenWriteReturned) {
   nested.read("small", s, /*is_buffer=*/true);
   EXPECT_TRUE(at::equal(s, at::ones({3})));
 }
+
+#ifdef HEADROOM_WITH_CUDA
+// On CUDA the snapshot is queued on the stream behind the work that made the tensors and ahead
+// of the kernels that change them next, with no host sync (sync-debug mode set to error), into
+// pinned buffers that the next write reuses.
+TEST(Checkpoint, ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const std::string dir = temp_dir("ck-cuda");
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::kCUDA, 0));
+  at::Tensor big = at::arange(int64_t{8} << 20, opts), expected = at::arange(int64_t{8} << 20, at::kFloat);
+  train::CheckpointWriter w;
+  for (int round = 0; round < 2; ++round) {
+    const std::string path = dir + "/" + std::to_string(round) + ".pt";
+    torch::serialize::OutputArchive root;
+    root.write("big", big);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    try {
+      w.write(std::move(root), path, "{}");
+      for (int i = 0; i < 20; ++i) big.mul_(1.5);  // the next steps' kernels, queued behind the copy
+    } catch (...) {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      throw;
+    }
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    w.wait();
+    torch::serialize::InputArchive in;
+    models::load_archive_verified(in, path, c10::Device(c10::kCPU), "checkpoint");
+    EXPECT_TRUE(at::equal(read_tensor(in, "big"), expected)) << "round " << round;
+    for (int i = 0; i < 20; ++i) expected.mul_(1.5);  // x 1.5 rounds the same on both devices
+  }
+}
+#endif
 
 TEST(Checkpoint, AFailedWriteIsThrownOnceAndTheFileBeforeItStays) {
   const std::string dir = temp_dir("ck-failure"), path = dir + "/last.pt";

@@ -67,7 +67,7 @@ if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=
 
 # 1. The GPU tests: CUDA against the CPU (augmentation, NMS), the budget and OOM recovery on CUDA,
 #    pinned batches, and steps that never sync the host (sync-debug mode set to error).
-gpu_tests='Augment.CudaEqualsCpu:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.StepsOnCudaNeverSyncTheHost'
+gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.StepsOnCudaNeverSyncTheHost'
 if want gpu; then
   stage "gpu tests"
   timeout $(lim 100) $B/headroom_tests --gtest_filter="$gpu_tests" > /tmp/gpu_tests.log 2>&1
