@@ -117,6 +117,7 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
     copied.emplace_back(c10::DeviceType::CUDA);
     copied.back().record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(d));
   }
+  writing_ = true;
   thread_ = std::thread([this, archive = std::move(archive), path = std::move(path), meta = std::move(meta),
                          then = std::move(then), copied = std::move(copied)]() mutable {
     try {
@@ -127,6 +128,8 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
     } catch (...) {
       failed_ = std::current_exception();
     }
+    archive = torch::serialize::OutputArchive();  // the snapshot's memory goes back before the flag says so
+    writing_ = false;
   });
 }
 

@@ -354,8 +354,7 @@ class CheckpointHook : public Hook {
     if (epoch_ended_) write_last(t);
   }
   void after_train(Trainer& t) override {
-    if (epoch_ended_ || t.state().stop) write_last(t);
-    t.wait_for_checkpoints();
+    if (epoch_ended_ || t.state().stop) write_last(t);  // Trainer::train waits for it
   }
 
  private:

@@ -127,10 +127,11 @@ void Trainer::run_step() {
   each_hook([&](Hook& h) { h.before_step(*this); });
   const std::vector<data::HostBatch> batches = next_batches();
   if (monitor_) monitor_->reset_peak();
+  const bool writing = checkpoint_writer_.writing();  // then the peak may hold a snapshot too
   (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
   if (monitor_) {
     step_memory_ = monitor_->sample();  // host-side counters: no sync
-    step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
+    if (!writing && !checkpoint_writer_.writing()) step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
   }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank
   state_.batch += int64_t(batches.size());

@@ -8,6 +8,7 @@
 
 #include <torch/serialize/output-archive.h>
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <string>
@@ -32,10 +33,12 @@ class CheckpointWriter {
   void write(torch::serialize::OutputArchive archive, std::string path, std::string meta, std::function<void()> then = {});
   // Waits for the write in flight; throws its failure (once).
   void wait();
-  bool busy() const { return thread_.joinable(); }
+  // A snapshot is alive: its write has not finished (it may not have been waited for yet).
+  bool writing() const { return writing_.load(); }
 
  private:
   std::thread thread_;
+  std::atomic<bool> writing_{false};
   std::exception_ptr failed_;
   std::vector<at::Tensor> pinned_;  // reused host buffers for CUDA tensors, in archive order
 };

@@ -218,7 +218,7 @@ class Trainer {
   at::Tensor step_items_, step_deferred_;  // [T] this step's terms so far; [] its deferred normaliser
   std::unique_ptr<DeviceCounters> counters_;
   std::optional<MemoryStats> step_memory_;
-  int64_t step_peak_ = 0;  // the largest step peak allocated so far: what a CPU snapshot must fit beside
+  int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU snapshot must fit beside
   bool said_sync_ = false;
 
   std::optional<data::HostBatch> first_batch_;
