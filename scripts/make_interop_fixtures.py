@@ -12,6 +12,10 @@ What it makes (all in tests/fixtures/interop/, nc=3 everywhere, fixed seed 0):
   ul_yolo11t.pt      the same from cfg/models/11/yolo11.yaml with only  t: [0.50, 0.125, 1024]
                      (C2PSA then has 128 channels -> c=64 -> 1 attention head)
   ul_yolov5tu.pt     the same from the anchor-free cfg/models/v5/yolov5.yaml with  t: [0.33, 0.125, 1024]
+  ul_yolo26t.pt      the same from cfg/models/26/yolo26.yaml with  t: [0.50, 0.125, 1024] (end2end, reg_max 1);
+                     its reference also holds the one-to-one branch: o2o_raw0..2 (and _f64), o2o_boxes, o2o_scores, and
+                     `decoded` is the end-to-end output [B, min(300, A), 6] (x1, y1, x2, y2, score, class) with
+                     model.end2end = True, as Ultralytics' predictor selects it
       Each is the genuine `weights/last.pt` of YOLO('<yaml>').train(data=<tiny synthetic 3-class set>,
       epochs=1, imgsz=64, batch=4, device='cpu', workers=0, plots=False, amp=False, val=False), i.e. a
       torch zip archive whose data.pkl holds the dict that ultralytics' strip_optimizer() wrote
@@ -277,10 +281,11 @@ UL_MODELS = [  # fixture name, shipped yaml (relative to ultralytics/cfg/models)
     ("ul_yolov8t", "v8/yolov8.yaml", "yolov8t.yaml", "[0.33, 0.125, 1024]"),
     ("ul_yolo11t", "11/yolo11.yaml", "yolo11t.yaml", "[0.50, 0.125, 1024]"),
     ("ul_yolov5tu", "v5/yolov5.yaml", "yolov5t.yaml", "[0.33, 0.125, 1024]"),
+    ("ul_yolo26t", "26/yolo26.yaml", "yolo26t.yaml", "[0.50, 0.125, 1024]"),
 ]
 
 
-def make_ultralytics(out: Path, work: Path) -> None:
+def make_ultralytics(out: Path, work: Path, names: list | None = None) -> None:
     import ultralytics
     from ultralytics import YOLO
     from ultralytics.nn.modules import C2PSA
@@ -291,6 +296,8 @@ def make_ultralytics(out: Path, work: Path) -> None:
     x = fixed_input(64)
     calib = torch.cat((dataset_images(ds_root), x))  # the fixed input is part of the calibration batch
     for name, shipped, yaml_name, scale in UL_MODELS:
+        if names and name not in names:
+            continue
         print(f"== {name}: training {yaml_name} (ultralytics {ultralytics.__version__})", flush=True)
         yaml_path = work / "ul" / yaml_name
         yaml_path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,8 +327,15 @@ def make_ultralytics(out: Path, work: Path) -> None:
         # reference outputs from the file as saved
         model = torch_load_full(dst)["model"].float().eval()
         det = model.model[-1]
+        end2end = getattr(det, "one2one_cv2", None) is not None
+        if end2end:
+            model.end2end = True  # as Ultralytics' predictor and validator select it (nms=False)
         with torch.no_grad():
             y, preds = model(x)
+            if end2end:
+                o2o = preds["one2one"]
+                preds = preds["one2many"]
+                o2o_raws = [torch.cat((det.one2one_cv2[i](f), det.one2one_cv3[i](f)), 1) for i, f in enumerate(preds["feats"])]
             feats = preds["feats"]
             raws = [torch.cat((det.cv2[i](feats[i]), det.cv3[i](feats[i])), 1) for i in range(det.nl)]
         bs = x.shape[0]
@@ -332,11 +346,18 @@ def make_ultralytics(out: Path, work: Path) -> None:
                "stride": det.stride.float()}
         ref.update({f"raw{i}": r for i, r in enumerate(raws)})
         ref.update({f"feat{i}": f for i, f in enumerate(feats)})
+        if end2end:
+            ref.update({f"o2o_raw{i}": r for i, r in enumerate(o2o_raws)})
+            ref.update({"o2o_boxes": o2o["boxes"], "o2o_scores": o2o["scores"]})
         model64 = torch_load_full(dst)["model"].double().eval()  # fp64: a structural difference shows at ~1e-12
         det64 = model64.model[-1]
         with torch.no_grad():
-            feats64 = model64(x.double())[1]["feats"]
+            preds64 = model64(x.double())[1]
+            feats64 = (preds64["one2many"] if end2end else preds64)["feats"]
             ref.update({f"raw{i}_f64": torch.cat((det64.cv2[i](f), det64.cv3[i](f)), 1) for i, f in enumerate(feats64)})
+            if end2end:
+                ref.update({f"o2o_raw{i}_f64": torch.cat((det64.one2one_cv2[i](f), det64.one2one_cv3[i](f)), 1)
+                            for i, f in enumerate(feats64)})
         save_safetensors(ref, out / f"{name}.ref.safetensors")
 
         c2psa = [m for m in model.modules() if isinstance(m, C2PSA)]
@@ -587,6 +608,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "interop")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--only", nargs="*", default=None, choices=["ultralytics", "yolov5", "centernet", "safetensors"])
+    ap.add_argument("--ul-models", nargs="*", default=None, choices=[m[0] for m in UL_MODELS],
+                    help="with --only ultralytics: remake only these")
     a = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -602,7 +625,7 @@ def main() -> None:
         make_centernet(a.out, work, a.centernet.resolve(), a.centernet_commit)
         write_hg104_keys(a.out, a.centernet.resolve(), a.centernet_commit)
     if "ultralytics" in only:
-        make_ultralytics(a.out, work)
+        make_ultralytics(a.out, work, a.ul_models)
     if "yolov5" in only:
         make_yolov5(a.out, work, a.yolov5.resolve(), a.yolov5_commit)
     for f in sorted(a.out.iterdir()):

@@ -40,8 +40,9 @@ inline std::map<std::string, at::Tensor> run_onnx(const std::string& path, const
   return outputs;
 }
 
-// What the graph should output, from our forward: YOLO [B, 4 + nc, A] xywh + scores, CenterNet
-// the last stack's sigmoid heatmap, size and offset.
+// What the graph should output, from our forward: YOLO [B, 4 + nc, A] xywh + scores (end-to-end
+// heads: every top-k detection [B, k, 6]), CenterNet the last stack's sigmoid heatmap, size and
+// offset.
 inline std::map<std::string, at::Tensor> forward_outputs(models::DetectorImpl& model, const at::Tensor& x) {
   model.eval();
   at::NoGradGuard no_grad;
@@ -49,6 +50,12 @@ inline std::map<std::string, at::Tensor> forward_outputs(models::DetectorImpl& m
   if (model.info().family == "centernet")
     return {{"heatmap", out.at("heatmap").back().sigmoid()}, {"size", out.at("size").back()}, {"offset", out.at("offset").back()}};
   const eval::Candidates c = eval::decode_candidates(model.info(), out);
+  if (model.info().end2end) {
+    eval::NmsOptions every;
+    every.conf = -1;
+    const eval::Detections d = eval::topk_detections(c.boxes, c.scores, every);
+    return {{"output0", at::cat({d.boxes, d.scores.unsqueeze(2), d.classes.unsqueeze(2).to(at::kFloat)}, 2)}};
+  }
   const at::Tensor xy = (c.boxes.narrow(2, 0, 2) + c.boxes.narrow(2, 2, 2)) / 2, wh = c.boxes.narrow(2, 2, 2) - c.boxes.narrow(2, 0, 2);
   return {{"output0", at::cat({xy, wh, c.scores}, 2).transpose(1, 2)}};
 }

@@ -83,14 +83,43 @@ bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
 }  // namespace
 
 TEST(Interop, UltralyticsCheckpointsGiveTheLibrarysOutputs) {
-  for (const std::string name : {"ul_yolov8t", "ul_yolo11t", "ul_yolov5tu"}) {
+  for (const std::string name : {"ul_yolov8t", "ul_yolo11t", "ul_yolov5tu", "ul_yolo26t"}) {
     LoadedWeights w = load_any_weights(fixture(name + ".pt"), c10::Device(c10::kCPU));
     EXPECT_EQ(w.model->info().family, "yolov8") << name;
     EXPECT_EQ(w.model->info().nc, 3) << name;
     EXPECT_EQ(w.info.names.size(), 3u) << name;
-    // per level [B, 4 * reg_max + nc, H, W]
-    expect_library_outputs(*w.model, reference(name), {{"pred", 0, "raw0"}, {"pred", 1, "raw1"}, {"pred", 2, "raw2"}}, name);
+    const bool yolo26 = name == "ul_yolo26t";
+    EXPECT_EQ(w.model->info().end2end, yolo26) << name;
+    EXPECT_EQ(w.model->info().reg_max, yolo26 ? 1 : 16) << name;
+    // per level [B, 4 * reg_max + nc, H, W]; YOLO26's one-to-one branch beside them
+    std::vector<std::tuple<std::string, size_t, std::string>> want = {{"pred", 0, "raw0"}, {"pred", 1, "raw1"}, {"pred", 2, "raw2"}};
+    if (yolo26)
+      for (size_t i = 0; i < 3; ++i) want.emplace_back("one2one", i, "o2o_raw" + std::to_string(i));
+    expect_library_outputs(*w.model, reference(name), want, name);
   }
+}
+
+// YOLO26 needs no NMS: its detections are the one-to-one branch's best (anchor, class) pairs,
+// row for row what Ultralytics' predictor (nms=False, its default) returns, on the library's input.
+TEST(Interop, Yolo26DetectionsAreTheLibrarysEndToEndOutput) {
+  LoadedWeights w = load_any_weights(fixture("ul_yolo26t.pt"), c10::Device(c10::kCPU));
+  auto ref = reference("ul_yolo26t");
+  w.model->eval();
+  at::NoGradGuard no_grad;
+  eval::DecodeOptions o;
+  o.nms.conf = 0;  // every row, to compare them all
+  const eval::Detections d = eval::decode(w.model->info(), w.model->forward(ref.at("input")), o);
+  const at::Tensor want = ref.at("decoded").to(at::kFloat);  // [2, 84, 6]: x1, y1, x2, y2, score, class
+  ASSERT_EQ(d.boxes.sizes(), (at::IntArrayRef{2, want.size(1), 4}));
+  EXPECT_TRUE(at::equal(d.counts, at::full({2}, want.size(1), at::kLong))) << d.counts;
+  EXPECT_LT(max_abs(d.boxes, want.narrow(2, 0, 4)), 1e-2);  // pixels: fp32 distances times a stride of 32
+  EXPECT_LT(max_abs(d.scores, want.select(2, 4)), 1e-5);
+  EXPECT_TRUE(at::equal(d.classes, want.select(2, 5).to(at::kLong)));
+  // A threshold keeps the leading rows, the order unchanged.
+  o.nms.conf = (want[0][8][4].item<double>() + want[0][9][4].item<double>()) / 2;
+  const eval::Detections top = eval::decode(w.model->info(), w.model->forward(ref.at("input")), o);
+  EXPECT_EQ(top.counts[0].item<int64_t>(), 9);
+  EXPECT_TRUE(at::equal(top.classes[0].narrow(0, 0, 9), d.classes[0].narrow(0, 0, 9)));
 }
 
 TEST(Interop, YoloV5v7CheckpointKeepsItsAnchors) {

@@ -69,7 +69,8 @@ TEST(Models, ParameterCountsEqualTheReference) {
       {"yolov8s.yaml", 11166560}, {"yolov8m.yaml", 25902640}, {"yolov8l.yaml", 43691520},
       {"yolov8x.yaml", 68229648}, {"yolo11n.yaml", 2624080},  {"yolo11s.yaml", 9458752},
       {"yolo11m.yaml", 20114688}, {"yolo11l.yaml", 25372160}, {"yolo11x.yaml", 56966176},
-      {"centernet_hg104.yaml", 191284008}};
+      {"yolo26n.yaml", 2572280},  {"yolo26s.yaml", 10009784}, {"yolo26m.yaml", 21896248},
+      {"yolo26l.yaml", 26299704}, {"yolo26x.yaml", 58993368}, {"centernet_hg104.yaml", 191284008}};
   for (const auto& [file, params] : expected) {
     Detector d = build(file, 80);
     EXPECT_EQ(d->parameter_count(), params) << file;
@@ -187,8 +188,8 @@ TEST(Models, BadModelFilesNameTheRowAndTheReason) {
 }
 
 // What Headroom cannot build is refused naming the file, line and key, never built as another
-// model: Ultralytics' YOLO26 file (end2end, reg_max 1, SPPF's shortcut and C3k2's attention
-// flags) and typos in top-level keys.
+// model: typos in top-level keys, values end2end and reg_max cannot take, arguments past those a
+// module reads.
 TEST(Models, AModelFileIsRefusedRatherThanBuiltAsAnotherModel) {
   const std::string detect = "head:\n  - [-1, 1, Detect, [nc]]\n";
   const std::string rows = "backbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, SPPF, [8, 5]]\n" + detect;
@@ -196,16 +197,18 @@ TEST(Models, AModelFileIsRefusedRatherThanBuiltAsAnotherModel) {
   EXPECT_NE(e.find("m.yaml:2:1: unknown key 'backbon' (did you mean backbone?)"), std::string::npos) << e;
   e = model_error("nc: 3\nactivation: nn.ReLU()\n" + rows);
   EXPECT_NE(e.find("m.yaml:2:1: unknown key 'activation'"), std::string::npos) << e;
-  e = model_error("nc: 3\nend2end: True # whether to use end-to-end mode\nreg_max: 1\n" + rows);
-  EXPECT_NE(e.find("m.yaml:2:1: end2end: True asks for YOLO26's one-to-one (NMS-free) Detect branch"), std::string::npos) << e;
-  e = model_error("nc: 3\nreg_max: 1\n" + rows);
-  EXPECT_NE(e.find("m.yaml:2:1: reg_max: 1 asks for a Detect with 1 distance bins"), std::string::npos) << e;
+  e = model_error("nc: 3\nend2end: yes\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:10: end2end must be True or False"), std::string::npos) << e;
+  e = model_error("nc: 3\nreg_max: 0\n" + rows);
+  EXPECT_NE(e.find("m.yaml:2:10: reg_max must be a positive integer"), std::string::npos) << e;
+  e = model_error("nc: 3\nend2end: True\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\nhead:\n  - [-1, 1, Detect, [nc, [[10, 13, 16, 30]]]]\n");
+  EXPECT_NE(e.find("end2end and reg_max belong to the anchor-free Detect"), std::string::npos) << e;
   // Arguments a module does not read.
-  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, SPPF, [8, 5, 3, True]]\n" + detect);
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, SPPF, [8, 5, 3, True, 2]]\n" + detect);
   EXPECT_NE(e.find("m.yaml:4:5: row 1"), std::string::npos) << e;
-  EXPECT_NE(e.find("SPPF reads 2 arguments; argument 3 (3) is not one Headroom's SPPF takes"), std::string::npos) << e;
-  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, C3k2, [8, True, 0.5, True]]\n" + detect);
-  EXPECT_NE(e.find("C3k2 reads 3 arguments; argument 4 (True) is not one"), std::string::npos) << e;
+  EXPECT_NE(e.find("SPPF reads 4 arguments; argument 5 (2) is not one Headroom's SPPF takes"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2]]\n  - [-1, 1, C3k2, [8, True, 0.5, True, 1, True, 3]]\n" + detect);
+  EXPECT_NE(e.find("C3k2 reads 6 arguments; argument 7 (3) is not one"), std::string::npos) << e;
   e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [8, 3, 2, 1, 1, 1, True, 7]]\n" + detect);
   EXPECT_NE(e.find("argument 8 (7)"), std::string::npos) << e;
   // Ultralytics' values of those keys that Headroom's Detect has build the same model.

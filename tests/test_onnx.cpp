@@ -33,11 +33,35 @@ using namespace headroom::test;  // fixture, reference, max_abs, run_onnx, forwa
 // height and width) equals our forward on the same input, at the export size and at a taller
 // one, and so does the fp16 one (fp16 input, weights and outputs) within half precision's
 // rounding.
+namespace {
+
+// Detections [B, k, 6] (box, score, class), best first, against the forward's: the largest gap
+// between the two sorted score lists, and for each row of `got` the distance (largest coordinate
+// gap) to the nearest box of its class in `want`, sorted. Near-equal scores may come in either
+// order (fp16 rounding, scores saturated at 1), so rows are matched, not compared in place.
+std::pair<double, std::vector<double>> detections_gap(const at::Tensor& got_, const at::Tensor& want) {
+  const at::Tensor got = got_.to(at::kFloat);
+  const double scores = (got.select(2, 4) - want.select(2, 4)).abs().max().item<double>();
+  std::vector<double> nearest;
+  for (int64_t b = 0; b < got.size(0); ++b)
+    for (int64_t r = 0; r < got.size(1); ++r) {
+      const at::Tensor same = want[b].select(1, 5).eq(got[b][r][5]);
+      const double gap = same.any().item<bool>()
+                             ? (want[b].index({same}).narrow(1, 0, 4) - got[b][r].narrow(0, 0, 4)).abs().amax(1).min().item<double>()
+                             : 1e9;  // a class the forward never gave
+      nearest.push_back(gap);
+    }
+  std::sort(nearest.begin(), nearest.end());
+  return {scores, nearest};
+}
+
+}  // namespace
+
 TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
   const std::string dir = test::temp_dir("onnx");
   for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
            {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
-           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}}) {
+           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}, {"ul_yolo26t", "ul_yolo26t.pt", 64}}) {
     const at::Tensor x = reference(name).at("input");  // [2, 3, S, S]
     LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
     w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)
@@ -53,7 +77,12 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
       const auto other = run_onnx(fp32, tall);
       ASSERT_TRUE(other.count(out)) << name << ": no output " << out;
       ASSERT_EQ(other.at(out).sizes(), ours.sizes()) << name << " " << out << " at " << taller << "x" << imgsz;
-      const double e = max_abs(other.at(out), ours), scale = std::max(1.0, ours.abs().max().item<double>());
+      double e = max_abs(other.at(out), ours);
+      const double scale = std::max(1.0, ours.abs().max().item<double>());
+      if (w.model->info().end2end) {  // saturated scores tie at 1 here, and ties take either order
+        const auto [scores, boxes] = detections_gap(other.at(out), ours);
+        e = std::max(scores, boxes.back());
+      }
       // The random Hourglass at twice its fixture's size reaches logits near 1e4, whose fp32
       // rounding moves the sigmoid's steepest probabilities by up to 3e-3.
       EXPECT_LT(e, out == "heatmap" ? 1e-2 : 2e-4 * scale) << name << " " << out << " at " << taller << "x" << imgsz;
@@ -73,7 +102,13 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
       // differences lose whole pixels at the extremes, so their median is held; CenterNet's size
       // and offset maps within 1% of their largest value.
       const at::Tensor d = (half.at(out) - ours).abs();
-      if (out == "output0") {
+      if (out == "output0" && w.model->info().end2end) {
+        const auto [scores, boxes] = detections_gap(half.at(out), ours);
+        EXPECT_LT(scores, 0.02) << name;
+        EXPECT_LT(boxes[boxes.size() / 2], 1.0) << name;
+        std::printf("%s: ONNX Runtime vs forward %.3g (fp32, outputs up to %.3g); fp16: sorted scores %.3g, boxes' median %.3g px\n",
+                    name.c_str(), e32, scale, scores, boxes[boxes.size() / 2]);
+      } else if (out == "output0") {
         const double boxes = d.narrow(1, 0, 4).median().item<double>(), scores = d.narrow(1, 4, d.size(1) - 4).max().item<double>();
         EXPECT_LT(scores, 0.02) << name;
         EXPECT_LT(boxes, 1.0) << name;

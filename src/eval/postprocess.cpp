@@ -66,6 +66,25 @@ Detections compact(const at::Tensor& boxes, const at::Tensor& scores, const at::
 
 }  // namespace
 
+Detections topk_detections(const at::Tensor& boxes, const at::Tensor& scores, const NmsOptions& o) {
+  at::NoGradGuard no_grad;
+  const int64_t B = scores.size(0), A = scores.size(1), C = scores.size(2), k = std::min(o.max_det, A);
+  at::Tensor top, anchor, classes;  // [B, k]: best first
+  if (o.agnostic) {
+    const auto [best, cls] = scores.max(-1);
+    std::tie(top, anchor) = best.topk(k, 1);
+    classes = cls.gather(1, anchor);
+  } else {
+    const at::Tensor first = std::get<1>(scores.amax(-1).topk(k, 1));                          // [B, k] anchors
+    at::Tensor pair;
+    std::tie(top, pair) = scores.gather(1, first.unsqueeze(-1).expand({B, k, C})).flatten(1).topk(k, 1);  // of k x C
+    classes = pair.remainder(C);
+    anchor = first.gather(1, pair.div(C, "floor"));
+  }
+  const at::Tensor picked = boxes.gather(1, anchor.unsqueeze(-1).expand({B, k, 4}));
+  return compact(picked, top, classes, top.gt(o.conf), k);
+}
+
 at::Tensor nms_keep(const at::Tensor& boxes, const at::Tensor& valid, double iou) {
 #ifdef HEADROOM_WITH_CUDA
   if (boxes.is_cuda()) return nms_keep_cuda(boxes, valid, iou);
@@ -102,7 +121,7 @@ Detections batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
 Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& out) {
   at::NoGradGuard no_grad;
   if (info.family == "yolov8") {
-    const auto& feats = out.at("pred");
+    const auto& feats = out.at(info.end2end ? "one2one" : "pred");
     auto [dist, logits] = models::split_yolov8(feats, info.reg_max);
     const models::AnchorGrid grid = models::make_anchor_grid(feats, info.strides, 0.5);
     const at::Tensor boxes = models::dist_to_bbox(models::dfl_expectation(dist.to(at::kFloat), info.reg_max), grid.points) * grid.strides;
@@ -131,7 +150,7 @@ Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& o
   at::NoGradGuard no_grad;
   if (info.family == "yolov8" || info.family == "yolov5") {
     const Candidates c = decode_candidates(info, out);
-    return batched_nms(c.boxes, c.scores, o.nms);
+    return info.end2end ? topk_detections(c.boxes, c.scores, o.nms) : batched_nms(c.boxes, c.scores, o.nms);
   }
   if (info.family == "centernet") {  // the last stack: 3x3 max-pool peaks, top-K over all classes
     const at::Tensor heat = out.at("heatmap").back().to(at::kFloat).sigmoid();

@@ -200,8 +200,9 @@ const std::unordered_map<std::type_index, ModuleEmitter>& emitters() {
       }),
       emitter<SPPFImpl>([](Emitter& e, SPPFImpl& m, const std::string& x) {
         std::vector<std::string> y = {e.module(*m.cv1, x)};
-        for (int i = 0; i < 3; ++i) y.push_back(e.max_pool(y.back(), m.k));
-        return e.module(*m.cv2, e.concat(y, 1));
+        for (int64_t i = 0; i < m.options.n(); ++i) y.push_back(e.max_pool(y.back(), m.options.k()));
+        const std::string out = e.module(*m.cv2, e.concat(y, 1));
+        return m.add ? e.add(out, x) : out;
       }),
       emitter<SPPImpl>([](Emitter& e, SPPImpl& m, const std::string& x) {
         const std::string y = e.module(*m.cv1, x);
@@ -305,24 +306,68 @@ std::pair<std::string, std::string> anchor_grid(Emitter& e, const std::vector<st
   return {e.concat(points, 2), e.concat(level_strides, 2)};
 }
 
-// YOLOv8 / YOLO11: DFL expectation, distances to a centre-size box, sigmoid classes.
+// An end-to-end head's detections [B, k, 6] (x1, y1, x2, y2, score, class), k = min(max_det,
+// anchors), as topk_detections picks them: the k anchors with the best class score, then the k
+// best (anchor, class) pairs among them. boxes [B, 4, A] xyxy pixels, scores [B, nc, A].
+std::string emit_topk_detections(Emitter& e, const std::string& boxes, const std::string& scores, int64_t nc, int64_t anchors,
+                                 int64_t max_det) {
+  Graph& g = e.g;
+  const std::string k = e.dynamic ? g.op("Min", {g.ints({max_det}), e.slice(g.op("Shape", {scores}), 0, 2, 3)})
+                                  : g.ints({std::min(max_det, anchors)});
+  const auto topk = [&](const std::string& x) {  // along axis 1, best first: {values, indices}
+    std::vector<std::string> out = g.node("TopK", {x, k}, 2, [](onnx::NodeProto& n) { set(n, "axis", int64_t(1)); });
+    return std::pair(out[0], out[1]);
+  };
+  const auto gather_rows = [&](const std::string& x, const std::string& index, int64_t width) {  // x [B, A, width], index [B, k]
+    const std::string shape = e.concat({g.op("Shape", {index}), g.ints({width})}, 0);
+    return g.op("GatherElements", {x, g.op("Expand", {g.op("Unsqueeze", {index, g.ints({2})}), shape})},
+                [](onnx::NodeProto& n) { set(n, "axis", int64_t(1)); });
+  };
+  const std::string per_anchor = e.transpose(scores, {0, 2, 1});  // [B, A, nc]
+  const std::string best = g.op("ReduceMax", {per_anchor}, [](onnx::NodeProto& n) {  // opset 17: axes an attribute
+    set(n, "axes", std::vector<int64_t>{2});
+    set(n, "keepdims", int64_t(0));
+  });
+  const std::string first = topk(best).second;                                                  // [B, k] anchors
+  const auto [top, pair] = topk(e.reshape(gather_rows(per_anchor, first, nc), {0, -1}));        // of k x nc
+  const std::string c = g.ints({nc});
+  const std::string anchor = g.op("GatherElements", {first, g.op("Div", {pair, c})}, [](onnx::NodeProto& n) { set(n, "axis", int64_t(1)); });
+  const std::string cls = g.op("Cast", {g.op("Mod", {pair, c})}, [&](onnx::NodeProto& n) {
+    set(n, "to", int64_t(g.half() ? onnx::TensorProto::FLOAT16 : onnx::TensorProto::FLOAT));
+  });
+  const std::string picked = gather_rows(e.transpose(boxes, {0, 2, 1}), anchor, 4);  // [B, k, 4]
+  return e.concat({picked, g.op("Unsqueeze", {top, g.ints({2})}), g.op("Unsqueeze", {cls, g.ints({2})})}, 2);
+}
+
+// YOLOv8 / YOLO11 / YOLO26: distances (the DFL expectation, or YOLO26's raw outputs) to a box
+// and sigmoid classes; per anchor [B, 4 + nc, A] centre-size boxes, or an end-to-end head's
+// one-to-one detections [B, k, 6] with no NMS left to run.
 std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
-                           const std::vector<int64_t>& strides) {
+                           const std::vector<int64_t>& strides, int64_t max_det) {
   const int64_t reg_max = d.reg_max(), nc = d.nc(), no = 4 * reg_max + nc;
+  const bool end2end = bool(d.one2one_cv2);
+  torch::nn::ModuleList boxes_of = end2end ? d.one2one_cv2 : d.cv2, classes_of = end2end ? d.one2one_cv3 : d.cv3;
   std::vector<std::string> levels;
   for (size_t i = 0; i < f.size(); ++i)
-    levels.push_back(e.reshape(e.concat({e.module(*d.cv2[i], f[i]), e.module(*d.cv3[i], f[i])}, 1), {0, no, -1}));
-  const std::vector<std::string> parts = e.split(e.concat(levels, 2), 1, {4 * reg_max, nc});  // [B, 64, A], [B, nc, A]
-  const std::string probs = e.g.op("Softmax", {e.reshape(parts[0], {0, 4, reg_max, -1})},
-                                   [](onnx::NodeProto& n) { set(n, "axis", int64_t(2)); });
-  const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, reg_max, 1}), "dfl");
-  const std::string dist = e.g.op("ReduceSum", {e.g.op("Mul", {probs, bins}), e.g.ints({2})},
-                                  [](onnx::NodeProto& n) { set(n, "keepdims", int64_t(0)); });  // [B, 4, A] l, t, r, b
+    levels.push_back(e.reshape(e.concat({e.module(*boxes_of[i], f[i]), e.module(*classes_of[i], f[i])}, 1), {0, no, -1}));
+  const std::vector<std::string> parts = e.split(e.concat(levels, 2), 1, {4 * reg_max, nc});  // [B, 4 reg_max, A], [B, nc, A]
+  std::string dist = parts[0];  // [B, 4, A] l, t, r, b
+  if (reg_max > 1) {
+    const std::string probs = e.g.op("Softmax", {e.reshape(parts[0], {0, 4, reg_max, -1})},
+                                     [](onnx::NodeProto& n) { set(n, "axis", int64_t(2)); });
+    const std::string bins = e.g.tensor(d.dfl->weight.view({1, 1, reg_max, 1}), "dfl");
+    dist = e.g.op("ReduceSum", {e.g.op("Mul", {probs, bins}), e.g.ints({2})}, [](onnx::NodeProto& n) { set(n, "keepdims", int64_t(0)); });
+  }
   const auto [p, s] = anchor_grid(e, f, feats, strides);
   const std::string x1y1 = e.g.op("Sub", {p, e.slice(dist, 1, 0, 2)}), x2y2 = e.add(p, e.slice(dist, 1, 2, 4));
+  const std::string scores = e.g.op("Sigmoid", {parts[1]});
+  if (end2end) {
+    int64_t anchors = 0;
+    for (const auto& t : feats) anchors += t.size(2) * t.size(3);
+    return emit_topk_detections(e, e.g.op("Mul", {e.concat({x1y1, x2y2}, 1), s}), scores, nc, anchors, max_det);
+  }
   const std::string centre = e.g.op("Mul", {e.add(x1y1, x2y2), e.g.scalar(0.5)}), size = e.g.op("Sub", {x2y2, x1y1});
-  const std::string boxes = e.g.op("Mul", {e.concat({centre, size}, 1), s});
-  return e.concat({boxes, e.g.op("Sigmoid", {parts[1]})}, 1);
+  return e.concat({e.g.op("Mul", {e.concat({centre, size}, 1), s}), scores}, 1);
 }
 
 // YOLOv5: per level sigmoid, grid offsets and anchor sizes, objectness x class.
@@ -376,6 +421,7 @@ void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const s
 // Rejects a batch or input size the graph cannot be built for.
 void check_export_options(const DetectorInfo& di, const OnnxExportOptions& o) {
   if (o.batch() < 1) throw InputError("export: --batch must be at least 1");
+  if (o.max_det() < 1) throw InputError("export: --max-det must be at least 1");
   if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0)
     throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple));
 }
@@ -424,7 +470,8 @@ std::vector<std::string> emit_rows(Emitter& e, const DetectorImpl& model, const 
 using NamedOutputs = std::vector<std::pair<std::string, std::string>>;  // {graph value, output name}
 
 // The head's outputs: {graph value, output name}, by head type.
-NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::string>& features, const HeadOutputs& probe) {
+NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::string>& features, const HeadOutputs& probe,
+                       int64_t max_det) {
   const DetectorInfo& di = model.info();
   using HeadEmitter = std::function<NamedOutputs(Emitter&, HeadImpl&)>;
   const auto yolo = [&](auto emit) -> HeadEmitter {
@@ -432,8 +479,8 @@ NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::s
   };
   const std::unordered_map<std::type_index, HeadEmitter> heads = {
       {std::type_index(typeid(DetectV8Impl)),
-       yolo([](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
-         return emit_detect_v8(em, dynamic_cast<DetectV8Impl&>(h), f, p, s);
+       yolo([max_det](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
+         return emit_detect_v8(em, dynamic_cast<DetectV8Impl&>(h), f, p, s, max_det);
        })},
       {std::type_index(typeid(DetectV5Impl)),
        yolo([](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
@@ -471,13 +518,14 @@ void rename_output(onnx::GraphProto& gp, const std::string& value, const std::st
 }
 
 // An output's shape for batch B, read off the probe forward at the export size.
-std::vector<int64_t> output_dims(const DetectorInfo& di, const HeadOutputs& probe, const std::string& name, int64_t B) {
+std::vector<int64_t> output_dims(const DetectorInfo& di, const HeadOutputs& probe, const std::string& name, int64_t B, int64_t max_det) {
   if (di.family == "centernet") {
     const at::Tensor& t = probe.at(name).back();
     return {B, t.size(1), t.size(2), t.size(3)};
   }
   int64_t a = 0;
   for (const auto& p : probe.at("pred")) a += di.family == "yolov5" ? p.size(1) * p.size(2) * p.size(3) : p.size(2) * p.size(3);
+  if (di.end2end) return {B, std::min(max_det, a), 6};
   return {B, 4 + di.nc, a};
 }
 
@@ -543,11 +591,12 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic(), {"batch", "", "height", "width"});
   const std::string image = emit_input_norm(g, model.input_norm());
   const std::vector<std::string> features = emit_rows(e, model, image);
-  for (const auto& [value, name] : emit_head(e, model, features, probe)) {
+  for (const auto& [value, name] : emit_head(e, model, features, probe, o.max_det())) {
     rename_output(gp, value, name);
     const std::vector<std::string> symbolic = di.family == "centernet" ? std::vector<std::string>{"batch", "", "out_height", "out_width"}
-                                                                       : std::vector<std::string>{"batch", "", "anchors"};
-    add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B), o.dynamic(), symbolic);
+                                              : di.end2end               ? std::vector<std::string>{"batch", "detections", ""}
+                                                                         : std::vector<std::string>{"batch", "", "anchors"};
+    add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B, o.max_det()), o.dynamic(), symbolic);
   }
   add_metadata(m, di, info, B, o.imgsz());
   check_graph(m);

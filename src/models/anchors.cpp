@@ -19,6 +19,7 @@ AnchorGrid make_anchor_grid(const std::vector<at::Tensor>& feats, const std::vec
 
 at::Tensor dfl_expectation(const at::Tensor& dist, int64_t reg_max) {
   const auto s = dist.sizes();
+  if (reg_max == 1) return dist.view({s[0], s[1], 4});  // YOLO26: the distances themselves
   const at::Tensor proj = at::arange(reg_max, dist.options());
   return dist.view({s[0], s[1], 4, reg_max}).softmax(-1).matmul(proj);  // [B, A, 4]
 }

@@ -151,6 +151,8 @@ C2fImpl::C2fImpl(int64_t c1, int64_t c2, int64_t n, bool shortcut, int64_t g, do
   for (int64_t i = 0; i < n; ++i) {
     if (inner == C2fInner::c3k)
       m->push_back(C3(c, c, 2, shortcut, g, 0.5, /*k1=*/3));
+    else if (inner == C2fInner::attention)
+      m->push_back(torch::nn::Sequential(Bottleneck(c, c, shortcut, g, 3, 3, 0.5), PSABlock(c, std::max<int64_t>(c / 64, 1))));
     else
       m->push_back(Bottleneck(c, c, shortcut, g, 3, 3, inner == C2fInner::bottleneck ? 1.0 : 0.5));
   }
@@ -162,8 +164,10 @@ at::Tensor C2fImpl::forward(const at::Tensor& x) {
   for (const auto& b : *m) {
     if (auto* bottleneck = b->as<Bottleneck>())
       y.push_back(bottleneck->forward(y.back()));
+    else if (auto* c3 = b->as<C3>())
+      y.push_back(c3->forward(y.back()));
     else
-      y.push_back(b->as<C3>()->forward(y.back()));
+      y.push_back(b->as<torch::nn::Sequential>()->forward(y.back()));
   }
   return cv2->forward(at::cat(y, 1));
 }
@@ -209,16 +213,18 @@ at::Tensor C2PSAImpl::forward(const at::Tensor& x) {
   return cv2->forward(at::cat({ab[0], m->forward(ab[1])}, 1));
 }
 
-SPPFImpl::SPPFImpl(int64_t c1, int64_t c2, int64_t k_) : k(k_) {
-  const int64_t c_ = c1 / 2;
-  cv1 = register_module("cv1", Conv(ConvOptions(c1, c_, 1, 1)));
-  cv2 = register_module("cv2", Conv(ConvOptions(c_ * 4, c2, 1, 1)));
+SPPFImpl::SPPFImpl(const SPPFOptions& o) : options(o), add(o.shortcut() && o.c1() == o.c2()) {
+  const int64_t c_ = o.c1() / 2;
+  cv1 = register_module("cv1", Conv(ConvOptions(o.c1(), c_, 1, 1).act(o.cv1_act())));
+  cv2 = register_module("cv2", Conv(ConvOptions(c_ * (o.n() + 1), o.c2(), 1, 1)));
 }
 
 at::Tensor SPPFImpl::forward(const at::Tensor& x) {
+  const int64_t k = options.k();
   std::vector<at::Tensor> y = {cv1->forward(x)};
-  for (int i = 0; i < 3; ++i) y.push_back(at::max_pool2d(y.back(), {k, k}, {1, 1}, {k / 2, k / 2}));
-  return cv2->forward(at::cat(y, 1));
+  for (int64_t i = 0; i < options.n(); ++i) y.push_back(at::max_pool2d(y.back(), {k, k}, {1, 1}, {k / 2, k / 2}));
+  const at::Tensor out = cv2->forward(at::cat(y, 1));
+  return add ? out + x : out;
 }
 
 SPPImpl::SPPImpl(int64_t c1, int64_t c2, std::vector<int64_t> ks_) : ks(std::move(ks_)) {

@@ -40,6 +40,8 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
   const char* ch = root["ch"] ? "ch" : "channels";  // Ultralytics 8.4 writes channels into the YAML it saves
   const int64_t channels = root[ch] ? int64_t(positive_number(file, root[ch], ch, true)) : spec.channels;
   const std::vector<YAML::Node> rows = read_rows(file, root);
+  const int64_t reg_max = root["reg_max"] ? int64_t(positive_number(file, root["reg_max"], "reg_max", true)) : 16;
+  const bool end2end = read_flag(file, root["end2end"], "end2end");
 
   RowOutputs outs;
   int64_t input_multiple = 1;
@@ -56,6 +58,8 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
     c.nc = nc;
     if (root["anchors"]) c.anchors = root["anchors"];
     c.scale = scale_;
+    c.reg_max = reg_max;
+    c.end2end = end2end;
     c.depthwise_head = depthwise_head;
     BuiltRow b = (*parsed.build)(c);
     check_arguments_read(c, parsed.module);

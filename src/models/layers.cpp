@@ -272,18 +272,24 @@ std::map<std::string, RowBuilder> make_registry() {
       });
     };
   }
-  // YOLO11 C3k2 [c2, c3k, e]: a C2f whose inner blocks are half-width bottlenecks, or C3k
-  // blocks where c3k is True; Ultralytics forces c3k in scales m, l and x.
+  // YOLO11 C3k2 [c2, c3k, e, attn, g, shortcut]: a C2f whose inner blocks are half-width
+  // bottlenecks, C3k blocks where c3k is True (Ultralytics forces it in scales m, l and x), or
+  // with YOLO26's attention flag a bottleneck and a PSABlock.
   r["C3k2"] = [](const RowContext& c) {
     single_input(c, "C3k2");
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
     const bool c3k = c.boolean(1, false) || c.scale == "m" || c.scale == "l" || c.scale == "x";
     const double e = c.number(2, 0.5);
+    const bool attn = c.boolean(3, false);
+    const int64_t g = c.integer(4, 1);
+    const bool shortcut = c.boolean(5, true);
+    if (g < 1) c.fail("C3k2 groups must be at least 1");
+    const C2fInner inner = attn ? C2fInner::attention : c3k ? C2fInner::c3k : C2fInner::half_bottleneck;
     RowContext once = c;
     once.repeats = 1;
     BuiltRow b = sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + ", " +
-                                                 bool_text(c3k) + ", " + num_text(e) + "]",
-                                [=] { return C2f(c1, c2, n, true, 1, e, c3k ? C2fInner::c3k : C2fInner::half_bottleneck); });
+                                                 bool_text(c3k) + ", " + num_text(e) + (attn ? ", True" : "") + "]",
+                                [=] { return C2f(c1, c2, n, shortcut, g, e, inner); });
     b.depthwise_head = true;
     return b;
   };
@@ -299,10 +305,15 @@ std::map<std::string, RowBuilder> make_registry() {
     return sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + "]",
                           [=] { return C2PSA(c1, n, e); });
   };
+  // SPPF [c2, k, n, shortcut]: rows that give n or the shortcut are YOLO26's (cv1 unactivated).
   r["SPPF"] = [](const RowContext& c) {
     single_input(c, "SPPF");
-    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 5);
-    return sequential_row(c, c2, 1, ints_text({c1, c2, k}), [=] { return SPPF(c1, c2, k); });
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 5), n = c.integer(2, 3);
+    const bool shortcut = c.boolean(3, false), yolo26 = c.count() > 2;
+    if (k < 1 || k % 2 == 0 || n < 1) c.fail("SPPF takes [channels, odd kernel, pools (at least 1), shortcut]");
+    std::string args = ints_text({c1, c2, k});
+    if (yolo26) args = args.substr(0, args.size() - 1) + ", " + std::to_string(n) + ", " + bool_text(shortcut) + "]";
+    return sequential_row(c, c2, 1, args, [=] { return SPPF(SPPFOptions(c1, c2).k(k).n(n).shortcut(shortcut).cv1_act(!yolo26)); });
   };
   r["SPP"] = [](const RowContext& c) {
     single_input(c, "SPP");
@@ -360,11 +371,12 @@ std::map<std::string, RowBuilder> make_registry() {
           values.push_back(float(*x));
         }
       }
+      if (c.end2end || c.reg_max != 16) c.fail("end2end and reg_max belong to the anchor-free Detect ([nc]); anchors were given");
       at::Tensor anchors = at::tensor(values).view({int64_t(a.size()), na, 2});
       b.head = std::make_shared<DetectV5Impl>(nc, anchors, c.channels);
       b.args += ", anchors " + std::to_string(a.size()) + "x" + std::to_string(na);
     } else {
-      b.head = std::make_shared<DetectV8Impl>(nc, c.channels, c.depthwise_head);
+      b.head = std::make_shared<DetectV8Impl>(nc, c.channels, c.depthwise_head, c.reg_max, c.end2end);
     }
     b.args += ", " + ints_text(c.channels) + "]";
     return b;
@@ -397,6 +409,7 @@ std::map<std::string, RowBuilder> make_registry() {
     return b;
   };
   r["CenterNetHead"] = [](const RowContext& c) {
+    if (c.end2end || c.reg_max != 16) c.fail("end2end and reg_max belong to YOLO's Detect, not to CenterNetHead");
     const int64_t nc = c.integer(0, c.nc), width = c.integer(1, 256);
     BuiltRow b;
     b.head = std::make_shared<CenterNetHeadImpl>(nc, width, c.channels);

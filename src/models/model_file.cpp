@@ -25,8 +25,7 @@ fs::path installed_data_dir() {
 }
 
 // Top-level keys Headroom reads. Ultralytics writes yaml_file (where the YAML came from) and
-// channels (its ch) into the YAML a checkpoint carries; end2end and reg_max are accepted at the
-// values Headroom's Detect has.
+// channels (its ch) into the YAML a checkpoint carries; end2end and reg_max are YOLO26's Detect.
 const std::vector<std::string> kTopLevelKeys = {"nc",      "scales",   "scale", "depth_multiple", "width_multiple", "anchors", "ch",
                                                 "channels", "input",    "backbone", "head",        "end2end",        "reg_max", "yaml_file"};
 
@@ -98,6 +97,14 @@ double positive_number(const std::string& file, const YAML::Node& n, const std::
     throw InputError(yaml_location(file, n.Mark()) + ": " + what + " must be a positive " + (integer ? "integer" : "number") +
                      ", got " + (n.IsScalar() ? "'" + n.Scalar() + "'" : node_text(n)));
   return *v;
+}
+
+bool read_flag(const std::string& file, const YAML::Node& n, const std::string& what) {
+  if (!n || n.IsNull()) return false;
+  const std::string v = n.IsScalar() ? to_lower(n.Scalar()) : "";
+  if (v != "true" && v != "false")
+    throw InputError(yaml_location(file, n.Mark()) + ": " + what + " must be True or False, got " + node_text(n));
+  return v == "true";
 }
 
 // `input: {mean: [m0, m1, m2], std: [s0, s1, s2], bgr: true}` of a model file.
@@ -275,13 +282,6 @@ void check_top_level_keys(const std::string& file, const YAML::Node& root) {
       throw InputError(where + "unknown key '" + key + "'" + (near.empty() ? "" : " (did you mean " + near + "?)") +
                        "; a model file has " + known);
     }
-    const std::string value = kv.second.IsScalar() ? to_lower(kv.second.Scalar()) : node_text(kv.second);
-    if (key == "end2end" && value != "false")
-      throw InputError(where + "end2end: " + kv.second.Scalar() + " asks for YOLO26's one-to-one (NMS-free) Detect branch, which "
-                       "Headroom does not build; without it this file would train another model");
-    if (key == "reg_max" && value != "16")
-      throw InputError(where + "reg_max: " + node_text(kv.second) + " asks for a Detect with " + node_text(kv.second) +
-                       " distance bins; Headroom's Detect has 16 (DFL), so this file would train another model");
   }
 }
 

@@ -23,6 +23,7 @@ std::string node_text(const YAML::Node& n);  // flow style, for messages
 // A positive number of the model file (a scale entry, a multiple, nc): InputError naming its
 // file:line otherwise.
 double positive_number(const std::string& file, const YAML::Node& n, const std::string& what, bool integer);
+bool read_flag(const std::string& file, const YAML::Node& n, const std::string& what);  // True/False; absent: false
 InputNorm read_input_norm(const std::string& file, const YAML::Node& n);
 int64_t round_half_even(double x);  // Python's round(), as Ultralytics' depth scaling uses
 // The model YAML; a spec's input normalisation is written into it, and `text` rewritten to match.
@@ -49,8 +50,8 @@ ParsedRow parse_row(const std::string& file, const YAML::Node& r, size_t i);
 // After a row's builder ran: an argument it never looked at would be silently dropped and build
 // another model than the file describes (SPPF's shortcut flag, C3k2's attention flag of YOLO26).
 void check_arguments_read(const RowContext& c, const std::string& module);
-// The file's top-level keys: an unknown one (a typo, another framework's option) or a value
-// Headroom does not build (end2end: True, reg_max other than 16) is an error naming file:line.
+// The file's top-level keys: an unknown one (a typo, another framework's option) is an error
+// naming file:line and the nearest known key.
 void check_top_level_keys(const std::string& file, const YAML::Node& root);
 
 // What the rows built so far output, per row, for the rows that read them.

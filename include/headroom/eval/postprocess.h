@@ -31,6 +31,11 @@ struct NmsOptions {
 // boxes [B, A, 4] xyxy, scores [B, A, C] in [0, 1].
 Detections batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const NmsOptions& o);
 
+// An end-to-end head's detections without NMS (YOLO26's one-to-one branch, as Ultralytics
+// selects them): the max_det anchors with the best class scores, then the max_det best
+// (anchor, class) pairs among them (one class per anchor when agnostic), those above conf kept.
+Detections topk_detections(const at::Tensor& boxes, const at::Tensor& scores, const NmsOptions& o);
+
 // Greedy NMS of score-sorted candidates: boxes [B, K, 4], valid [B, K] bool -> keep [B, K] bool.
 // A candidate is kept unless a kept, higher-ranked candidate of the same image overlaps it by
 // more than `iou` (class separation is the caller's, by offsetting boxes).
@@ -42,14 +47,14 @@ struct DecodeOptions {
 };
 
 // YOLO's per-anchor predictions before NMS, in the model's input pixels (what an exported ONNX
-// graph outputs, as [B, 4 + nc, A] xywh).
+// graph outputs, as [B, 4 + nc, A] xywh); an end-to-end head's from its one-to-one branch.
 struct Candidates {
   at::Tensor boxes;   // [B, A, 4] xyxy
   at::Tensor scores;  // [B, A, nc] in [0, 1]
 };
 Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& outputs);
 
-// Detections in the model's input pixels.
+// Detections in the model's input pixels: NMS, or top-k for an end-to-end head.
 Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& outputs, const DecodeOptions& o);
 
 // Maps detections from the letterboxed canvas back to original-image pixels (clipped), on the

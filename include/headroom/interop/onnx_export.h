@@ -3,6 +3,9 @@
 // the convolutions. YOLO graphs end with the decode, as Ultralytics exports them:
 //   output0 [B, 4 + nc, A]: per anchor point box centre x, y, width, height in input pixels,
 //           then the class scores in [0, 1] (YOLOv5 anchored heads: objectness x class)
+//   end-to-end heads (YOLO26) need no NMS, and the graph ends with their detections:
+//   output0 [B, min(max_det, A), 6]: x1, y1, x2, y2 in input pixels, score, class, best first
+//           (rows under the caller's confidence threshold are the caller's to drop)
 // CenterNet graphs output the last stack's maps (docs/models.md gives the decode):
 //   heatmap [B, nc, H/4, W/4] class probabilities, size [B, 2, H/4, W/4] box w, h and
 //   offset [B, 2, H/4, W/4] centre offsets, both in output cells.
@@ -24,6 +27,7 @@ struct OnnxExportOptions {
   TORCH_ARG(int64_t, batch) = 1;     // the static batch (ignored with dynamic)
   TORCH_ARG(bool, dynamic) = false;  // symbolic batch dimension
   TORCH_ARG(bool, half) = false;     // fp16 weights, input and outputs
+  TORCH_ARG(int64_t, max_det) = 300; // end-to-end heads: detections per image
 };
 
 // Folds the model's BatchNorms (it is changed in place), writes the graph, checks it with the

@@ -19,7 +19,8 @@ AnchorGrid make_anchor_grid(const std::vector<at::Tensor>& feats, const std::vec
 
 // YOLOv8 head output -> box distributions [B, A, 4 * reg_max] and class logits [B, A, nc].
 std::pair<at::Tensor, at::Tensor> split_yolov8(const std::vector<at::Tensor>& feats, int64_t reg_max);
-// DFL: the expected bin of each side's distribution, [B, A, 4] (l, t, r, b).
+// DFL: the expected bin of each side's distribution, [B, A, 4] (l, t, r, b); with one bin
+// (YOLO26) the outputs are the distances.
 at::Tensor dfl_expectation(const at::Tensor& dist, int64_t reg_max);
 // (l, t, r, b) distances around points -> xyxy.
 at::Tensor dist_to_bbox(const at::Tensor& ltrb, const at::Tensor& points);

@@ -102,8 +102,9 @@ TORCH_MODULE(C3);
 
 // What a C2f-style block chains: YOLOv8's C2f uses full-width 3x3 bottlenecks; YOLO11's C3k2
 // uses half-width bottlenecks (Ultralytics' defaults, e = 0.5) or, in scales m/l/x and where
-// the file asks, C3k blocks of two bottlenecks.
-enum class C2fInner { bottleneck, half_bottleneck, c3k };
+// the file asks, C3k blocks of two bottlenecks; YOLO26's C3k2 with its attention flag a
+// half-width bottleneck followed by a PSABlock (heads: a 64th of the channels, at least one).
+enum class C2fInner { bottleneck, half_bottleneck, c3k, attention };
 
 // C2f: CSP bottleneck with two convolutions, every inner block's output concatenated (YOLOv8;
 // C3k2 of YOLO11 with another inner block).
@@ -151,13 +152,25 @@ class C2PSAImpl : public torch::nn::Module {
 };
 TORCH_MODULE(C2PSA);
 
-// SPPF: three chained k x k max-pools, concatenated.
+// SPPF: n chained k x k max-pools, concatenated. YOLO26's rows (which give n or the shortcut)
+// leave cv1 unactivated and may add the input back (shortcut, when the channels match); older
+// rows keep cv1's SiLU, as Ultralytics builds them.
+struct SPPFOptions {
+  SPPFOptions(int64_t c1, int64_t c2) : c1_(c1), c2_(c2) {}
+  TORCH_ARG(int64_t, c1);
+  TORCH_ARG(int64_t, c2);
+  TORCH_ARG(int64_t, k) = 5;
+  TORCH_ARG(int64_t, n) = 3;
+  TORCH_ARG(bool, shortcut) = false;
+  TORCH_ARG(bool, cv1_act) = true;
+};
 class SPPFImpl : public torch::nn::Module {
  public:
-  SPPFImpl(int64_t c1, int64_t c2, int64_t k);
+  explicit SPPFImpl(const SPPFOptions& o);
   at::Tensor forward(const at::Tensor& x);
   Conv cv1{nullptr}, cv2{nullptr};
-  int64_t k;
+  SPPFOptions options;
+  bool add;
 };
 TORCH_MODULE(SPPF);
 

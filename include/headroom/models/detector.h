@@ -27,6 +27,7 @@ namespace headroom::models {
 
 // Head outputs by name:
 //   YOLOv8    "pred":    per level [B, 4 * reg_max + nc, H, W] (DFL box bins, class logits)
+//             "one2one": the same from the one-to-one branch of an end-to-end head (YOLO26)
 //   YOLOv5    "pred":    per level [B, anchors, H, W, 5 + nc] (xywh, objectness, class logits)
 //   CenterNet "heatmap": per stack [B, nc, H/4, W/4] logits; "size", "offset": [B, 2, H/4, W/4]
 using HeadOutputs = std::map<std::string, std::vector<at::Tensor>>;
@@ -35,7 +36,8 @@ struct DetectorInfo {
   std::string family;            // "yolov8" | "yolov5" | "centernet"
   int64_t nc = 0;
   std::vector<int64_t> strides;  // of the head's inputs, in pixels
-  int64_t reg_max = 0;           // YOLOv8: DFL bins per box side
+  int64_t reg_max = 0;           // YOLOv8: DFL bins per box side (1: distances, no DFL)
+  bool end2end = false;          // YOLOv8: a one-to-one branch ("one2one") that needs no NMS
   at::Tensor anchors;            // YOLOv5: [levels, anchors, 2] (w, h) in pixels
   int64_t stacks = 0;            // CenterNet: head outputs per name (Hourglass stacks)
   int64_t input_multiple = 32;   // image sides must be multiples of this

@@ -33,6 +33,8 @@ struct RowContext {
   int64_t nc = 80;
   YAML::Node anchors;
   std::string scale;                 // the scale's name ("n", "m", ...): YOLO11 rows read it
+  int64_t reg_max = 16;              // the file's reg_max and end2end: Detect reads them
+  bool end2end = false;
   bool depthwise_head = false;       // an earlier row asked Detect for YOLO11's class branch
   mutable size_t read = 0;           // one past the highest argument the builder looked at
 
@@ -104,54 +106,55 @@ class ConvPairImpl : public torch::nn::Module {
 TORCH_MODULE(ConvPair);
 
 // YOLOv8 Detect: per level a box branch (DFL bins) and a class branch. YOLO11's class branch
-// replaces each 3x3 conv by a depthwise 3x3 then a 1x1 (`depthwise`).
+// replaces each 3x3 conv by a depthwise 3x3 then a 1x1 (`depthwise`). YOLO26 (reg_max 1) has
+// no DFL: the box branch outputs the four distances. With `end2end` the head carries a second,
+// one-to-one branch (a copy of the first at construction, as Ultralytics deep-copies it), fed
+// with detached features in training: its boxes need no NMS. Outputs "pred" (one-to-many) and,
+// end to end, "one2one".
 class DetectV8Impl : public HeadImpl {
  public:
-  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, bool depthwise, int64_t reg_max = 16) : nc_(nc), reg_max_(reg_max) {
-    const int64_t c2 = std::max({int64_t(16), ch[0] / 4, reg_max * 4}), c3 = std::max(ch[0], std::min(nc, int64_t(100)));
-    // Ultralytics DWConv: groups = gcd(in, out), here in = out.
-    const auto dw_then_pw = [](int64_t in, int64_t out) {
-      return ConvPair(Conv(ConvOptions(in, in, 3).groups(in)), Conv(ConvOptions(in, out, 1)));
-    };
-    for (size_t i = 0; i < ch.size(); ++i) {
-      torch::nn::Sequential box(Conv(ConvOptions(ch[i], c2, 3)), Conv(ConvOptions(c2, c2, 3)),
-                                ConvBn(ConvBnOptions(c2, 4 * reg_max, 1).batch_norm(false)));
-      torch::nn::Sequential cls;
-      if (depthwise) {
-        cls->push_back(dw_then_pw(ch[i], c3));
-        cls->push_back(dw_then_pw(c3, c3));
-      } else {
-        cls->push_back(Conv(ConvOptions(ch[i], c3, 3)));
-        cls->push_back(Conv(ConvOptions(c3, c3, 3)));
-      }
-      cls->push_back(ConvBn(ConvBnOptions(c3, nc, 1).batch_norm(false)));
-      cv2->push_back(box);
-      cv3->push_back(cls);
+  DetectV8Impl(int64_t nc, const std::vector<int64_t>& ch, bool depthwise, int64_t reg_max = 16, bool end2end = false)
+      : nc_(nc), reg_max_(reg_max) {
+    cv2 = register_module("cv2", box_branches(ch));
+    cv3 = register_module("cv3", class_branches(ch, depthwise));
+    if (reg_max > 1) {
+      // The DFL projection: a frozen 1x1 conv whose weights are the bin indices; the decoder uses
+      // it to turn bin distributions into distances (reg_max parameters, counted as the reference does).
+      dfl = register_module("dfl", torch::nn::Conv2d(torch::nn::Conv2dOptions(reg_max, 1, 1).bias(false)));
+      at::NoGradGuard no_grad;
+      dfl->weight.copy_(at::arange(reg_max, at::kFloat).view({1, reg_max, 1, 1}));
+      dfl->weight.set_requires_grad(false);
     }
-    register_module("cv2", cv2);
-    register_module("cv3", cv3);
-    // The DFL projection: a frozen 1x1 conv whose weights are the bin indices; the decoder uses
-    // it to turn bin distributions into distances (16 parameters, counted as the reference does).
-    dfl = register_module("dfl", torch::nn::Conv2d(torch::nn::Conv2dOptions(reg_max, 1, 1).bias(false)));
-    at::NoGradGuard no_grad;
-    dfl->weight.copy_(at::arange(reg_max, at::kFloat).view({1, reg_max, 1, 1}));
-    dfl->weight.set_requires_grad(false);
+    if (end2end) {
+      one2one_cv2 = register_module("one2one_cv2", box_branches(ch));
+      one2one_cv3 = register_module("one2one_cv3", class_branches(ch, depthwise));
+      copy_state(*cv2, *one2one_cv2);
+      copy_state(*cv3, *one2one_cv3);
+    }
   }
 
   HeadOutputs forward(const std::vector<at::Tensor>& x) override {
-    std::vector<at::Tensor> pred;
-    for (size_t i = 0; i < x.size(); ++i)
-      pred.push_back(at::cat({cv2[i]->as<torch::nn::Sequential>()->forward(x[i]),
-                              cv3[i]->as<torch::nn::Sequential>()->forward(x[i])}, 1));
-    return {{"pred", pred}};
+    HeadOutputs out{{"pred", run(cv2, cv3, x)}};
+    if (one2one_cv2) {
+      std::vector<at::Tensor> detached;  // the one-to-one loss trains its branch, not the features
+      for (const auto& f : x) detached.push_back(is_training() ? f.detach() : f);
+      out["one2one"] = run(one2one_cv2, one2one_cv3, detached);
+    }
+    return out;
   }
 
   void init_biases(const std::vector<int64_t>& strides) override {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < strides.size(); ++i) {
-      last_conv(cv2[i])->bias.fill_(1.0);  // box
-      // Class prior: about 5 objects of nc classes in a 640 image, per cell of this level.
-      last_conv(cv3[i])->bias.fill_(std::log(5.0 / double(nc_) / std::pow(640.0 / double(strides[i]), 2)));
+    // Box bias: 2 grid cells for YOLO26's raw distances (Ultralytics 8.4); DFL heads keep the
+    // 1.0 that YOLOv8 and YOLO11 were trained with here from the start.
+    const double box = reg_max_ > 1 ? 1.0 : 2.0;
+    for (auto [boxes, classes] : {std::pair(cv2, cv3), std::pair(one2one_cv2, one2one_cv3)}) {
+      if (!boxes) continue;
+      for (size_t i = 0; i < strides.size(); ++i) {
+        last_conv(boxes[i])->bias.fill_(box);
+        // Class prior: about 5 objects of nc classes in a 640 image, per cell of this level.
+        last_conv(classes[i])->bias.fill_(std::log(5.0 / double(nc_) / std::pow(640.0 / double(strides[i]), 2)));
+      }
     }
   }
 
@@ -159,6 +162,7 @@ class DetectV8Impl : public HeadImpl {
     info.family = "yolov8";
     info.nc = nc_;
     info.reg_max = reg_max_;
+    info.end2end = bool(one2one_cv2);
   }
 
   static torch::nn::Conv2d last_conv(const std::shared_ptr<torch::nn::Module>& seq) {
@@ -166,13 +170,55 @@ class DetectV8Impl : public HeadImpl {
     return s->ptr(s->size() - 1)->as<ConvBnImpl>()->conv;
   }
 
-  torch::nn::ModuleList cv2, cv3;
+  torch::nn::ModuleList cv2, cv3, one2one_cv2{nullptr}, one2one_cv3{nullptr};
   torch::nn::Conv2d dfl{nullptr};
 
   int64_t nc() const { return nc_; }
   int64_t reg_max() const { return reg_max_; }
 
  private:
+  torch::nn::ModuleList box_branches(const std::vector<int64_t>& ch) const {
+    const int64_t c2 = std::max({int64_t(16), ch[0] / 4, reg_max_ * 4});
+    torch::nn::ModuleList list;
+    for (int64_t c : ch)
+      list->push_back(torch::nn::Sequential(Conv(ConvOptions(c, c2, 3)), Conv(ConvOptions(c2, c2, 3)),
+                                            ConvBn(ConvBnOptions(c2, 4 * reg_max_, 1).batch_norm(false))));
+    return list;
+  }
+  torch::nn::ModuleList class_branches(const std::vector<int64_t>& ch, bool depthwise) const {
+    const int64_t c3 = std::max(ch[0], std::min(nc_, int64_t(100)));
+    // Ultralytics DWConv: groups = gcd(in, out), here in = out.
+    const auto dw_then_pw = [](int64_t in, int64_t out) {
+      return ConvPair(Conv(ConvOptions(in, in, 3).groups(in)), Conv(ConvOptions(in, out, 1)));
+    };
+    torch::nn::ModuleList list;
+    for (int64_t c : ch) {
+      torch::nn::Sequential cls;
+      if (depthwise) {
+        cls->push_back(dw_then_pw(c, c3));
+        cls->push_back(dw_then_pw(c3, c3));
+      } else {
+        cls->push_back(Conv(ConvOptions(c, c3, 3)));
+        cls->push_back(Conv(ConvOptions(c3, c3, 3)));
+      }
+      cls->push_back(ConvBn(ConvBnOptions(c3, nc_, 1).batch_norm(false)));
+      list->push_back(cls);
+    }
+    return list;
+  }
+  static void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
+    at::NoGradGuard no_grad;
+    const auto src = from.named_parameters(), src_buffers = from.named_buffers();
+    for (auto& p : to.named_parameters()) p.value().copy_(src[p.key()]);
+    for (auto& b : to.named_buffers()) b.value().copy_(src_buffers[b.key()]);
+  }
+  static std::vector<at::Tensor> run(torch::nn::ModuleList boxes, torch::nn::ModuleList classes, const std::vector<at::Tensor>& x) {
+    std::vector<at::Tensor> pred;  // per level [B, 4 * reg_max + nc, H, W]
+    for (size_t i = 0; i < x.size(); ++i)
+      pred.push_back(at::cat({boxes[i]->as<torch::nn::Sequential>()->forward(x[i]), classes[i]->as<torch::nn::Sequential>()->forward(x[i])}, 1));
+    return pred;
+  }
+
   int64_t nc_, reg_max_;
 };
 
