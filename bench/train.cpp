@@ -186,7 +186,7 @@ Timing plain_steps(const Config& c, c10::Device device, const std::shared_ptr<co
       for (auto& [name, levels] : out)
         for (auto& level : levels) level = level.to(at::kFloat);
       const losses::LossTerms terms = (*parts.loss)(out, b.targets, norm);
-      const at::Tensor total = terms.deferred.defined() ? terms.total / terms.deferred.clamp_min(1) : terms.total;
+      const at::Tensor total = losses::normalised_total(terms, terms.deferred);
       phase[3] += since(t0);
       t0 = Clock::now();
       total.backward();

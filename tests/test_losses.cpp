@@ -136,6 +136,46 @@ TEST(Assigner, ThousandsOfBoxesInBoundedMemory) {
   (void)alloc;
 }
 
+// YOLO26's end-to-end loss against Ultralytics 8.4's E2ELoss on the inputs that
+// scripts/make_e2e_loss_reference.py describes (it printed the numbers): both branches, the
+// one-to-one branch's top-1 assignment, the L1 distance term, and the one-to-many weight of
+// epochs 0 and 3 of 10.
+TEST(YoloLoss, EndToEndLossMatchesTheUltralyticsReference) {
+  const int64_t B = 2, nc = 3;
+  models::DetectorInfo info = yolov8_info(nc);
+  info.reg_max = 1;
+  info.end2end = true;
+  models::HeadOutputs out;
+  for (int64_t branch : {0, 1}) {
+    std::vector<at::Tensor> feats;
+    int64_t l = 0;
+    for (int64_t s : {8, 16, 32}) {
+      const int64_t h = 64 / s, w = 64 / s;
+      const at::Tensor c = at::arange(4 + nc, at::kDouble).view({1, -1, 1, 1});
+      const at::Tensor y = at::arange(h, at::kDouble).view({1, 1, -1, 1}), x = at::arange(w, at::kDouble).view({1, 1, 1, -1});
+      const at::Tensor b = at::arange(B, at::kDouble).view({-1, 1, 1, 1});
+      const at::Tensor v = 0.6 * at::sin(0.3 * c + 0.7 * y + 1.1 * x + 0.5 * b + double(l++) + 0.25 * double(branch)) + 1.5 * c.lt(4);
+      feats.push_back(v.to(at::kFloat));
+    }
+    out[branch == 0 ? "pred" : "one2one"] = feats;
+  }
+  const auto loss = make_loss(info, LossOptions{});
+  EXPECT_EQ(loss->term_names(), (std::vector<std::string>{"box", "cls", "l1"}));
+  EXPECT_EQ(loss->normalisers(), 2);
+  EXPECT_EQ(loss->normaliser_of("head.one2one_cv2.0.0.cb.conv.weight"), 0);
+  EXPECT_EQ(loss->normaliser_of("head.cv2.0.0.cb.conv.weight"), 1);
+  for (const auto& [epoch, total] : std::vector<std::pair<int64_t, double>>{{0, 98.127578735}, {3, 123.207038879}}) {
+    loss->set_progress(epoch, 10);
+    const BatchLoss l = batch_loss(*loss, out, reference_targets(), 64, 64);
+    EXPECT_NEAR(l.total.item<double>(), total, 1e-6 * total) << epoch;
+    EXPECT_NEAR(item(l, "box"), 3.648587227, 1e-6) << epoch;
+    EXPECT_NEAR(item(l, "cls"), 88.284378052, 1e-4) << epoch;
+    EXPECT_NEAR(item(l, "l1"), 0.124183938, 1e-7) << epoch;
+    std::printf("epoch %lld: total %.9f (Ultralytics %.9f), box %.9f, cls %.9f, l1 %.9f\n", (long long)epoch, l.total.item<double>(), total,
+                item(l, "box"), item(l, "cls"), item(l, "l1"));
+  }
+}
+
 TEST(YoloLoss, NoObjectsMeansOnlyTheClassTerm) {
   // All-zero logits and no boxes: cls = sum of BCE(0, 0) = A * nc * ln 2, normalised by max(0, 1).
   const int64_t B = 2, nc = 3, S = 64;

@@ -8,6 +8,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/models/blocks.h"
 #include "headroom/models/detector.h"
+#include "headroom/models/layers.h"
 #include "headroom/interop/init_from.h"
 #include "test_util.h"
 
@@ -83,6 +84,36 @@ TEST(Models, GflopsAsUltralyticsReportsThem) {
       {"n", 8.9}, {"s", 28.8}, {"m", 79.3}, {"l", 165.7}, {"x", 258.5}};
   for (const auto& [scale, gflops] : expected)
     EXPECT_NEAR(build("yolov8.yaml", 80, scale)->gflops(640), gflops, 0.05) << scale;
+  // YOLO26 as its YAML's summaries print them.
+  const std::vector<std::pair<std::string, double>> yolo26 = {{"n", 6.1}, {"s", 22.8}, {"m", 75.4}, {"l", 93.8}, {"x", 209.5}};
+  for (const auto& [scale, gflops] : yolo26)
+    EXPECT_NEAR(build("yolo26.yaml", 80, scale)->gflops(640), gflops, 0.05) << "yolo26" << scale;
+}
+
+// YOLO26's head: no DFL (four distances), and a one-to-one branch that starts as a copy of the
+// first and trains on detached features.
+TEST(Models, Yolo26HasTwoBranchesAndNoDfl) {
+  Detector d = build("yolo26n.yaml", 4);
+  EXPECT_EQ(d->info().reg_max, 1);
+  EXPECT_TRUE(d->info().end2end);
+  d->train();
+  const at::Tensor x = at::rand({2, 3, 64, 64});
+  const HeadOutputs o = d->forward(x);
+  ASSERT_EQ(o.at("one2one").size(), 3u);
+  EXPECT_EQ(o.at("pred")[0].sizes(), (at::IntArrayRef{2, 4 + 4, 8, 8}));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(o.at("pred")[i], o.at("one2one")[i])) << i;  // the same weights at first
+  // Box bias 2 (distances of two cells), the class prior as YOLOv8's.
+  auto& head = dynamic_cast<DetectV8Impl&>(d->head());
+  EXPECT_TRUE(at::all(DetectV8Impl::last_conv(head.one2one_cv2[0])->bias.eq(2.0)).item<bool>());
+  EXPECT_FALSE(head.dfl);
+  // The one-to-one branch's loss reaches its own weights only.
+  at::Tensor one = at::zeros({});
+  for (const auto& t : o.at("one2one")) one = one + t.square().mean();
+  one.backward();
+  for (const auto& p : d->named_parameters()) {
+    const bool own = p.key().find("one2one_") != std::string::npos;
+    EXPECT_EQ(p.value().grad().defined() && p.value().grad().abs().sum().item<double>() > 0, own) << p.key();
+  }
 }
 
 TEST(Models, YoloOutputsStridesAndPriors) {

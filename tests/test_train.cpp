@@ -104,12 +104,16 @@ TEST(Train, FourLoaderBatchesOfTwoEqualOneBatchOfEight) {
 // batches of 2 accumulated. Every loss normaliser is the step's: counts summed before any
 // backward (YOLOv5, CenterNet), or the target-score sum folded in as the parts arrive (YOLOv8).
 TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
-  for (const char* model : {"yolov8.yaml", "yolov5n.yaml", "centernet_csp.yaml"}) {
+  // YOLO26's loss has two normalisers, each dividing its own branch's gradients.
+  for (const char* model : {"yolov8.yaml", "yolov5n.yaml", "centernet_csp.yaml", "yolo26.yaml"}) {
     // From weights trained a little: at initialisation YOLOv8's target-score sums are below 1
     // (its clamp), which would hide a wrong normaliser.
     const std::string weights = test::temp_dir("cut-start") + "/w.pt";
     {
-      const Config c = load_config("", tiny_run({"train.batch=8", "train.nominal_batch=8", "train.steps=40", "train.optimizer=adamw",
+      // YOLO26's boxes take longer to overlap their targets (its one-to-one sum stays under 1 for
+      // a hundred steps).
+      const std::string steps = std::string(model) == "yolo26.yaml" ? "300" : "40";
+      const Config c = load_config("", tiny_run({"train.batch=8", "train.nominal_batch=8", "train.steps=" + steps, "train.optimizer=adamw",
                                                  "train.lr0=0.01", "train.warmup_epochs=0", "train.ema=false", "train.val_every=0"},
                                                 model));
       train::Trainer t(parts_for(c, test::temp_dir("cut-start")));
@@ -417,6 +421,35 @@ TEST(Train, EpochMeansCoverEveryStep) {
   EXPECT_DOUBLE_EQ(rows[1][k], 6.5);
 }
 
+// Losses whose weights follow the schedule (YOLO26's one-to-many weight) learn the epoch at
+// each epoch's start, and a resumed run tells them the epoch it resumes in.
+TEST(Train, TheLossLearnsEachEpochIncludingAfterAResume) {
+  class ProgressLoss : public PerImageSumLoss {
+   public:
+    explicit ProgressLoss(std::vector<std::pair<int64_t, int64_t>>* seen) : seen_(seen) {}
+    void set_progress(int64_t epoch, int64_t epochs) override { seen_->emplace_back(epoch, epochs); }
+
+   private:
+    std::vector<std::pair<int64_t, int64_t>>* seen_;
+  };
+  const std::string dir = test::temp_dir("progress");
+  // 32 training images in loader batches of 8: 4 steps per epoch.
+  const Config c = load_config("", tiny_run({"train.epochs=3", "train.batch=8", "train.val_every=0", "train.save_every_steps=4"}));
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  {
+    cli::Run run = run_for(c, dir, [&](train::TrainerParts& p) { p.loss = std::make_unique<ProgressLoss>(&seen); });
+    run.trainer->train();
+  }
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}, {2, 3}}));
+  seen.clear();
+  {
+    cli::Run run = run_for(c, test::temp_dir("progress-resumed"), [&](train::TrainerParts& p) { p.loss = std::make_unique<ProgressLoss>(&seen); });
+    run.trainer->load_checkpoint(dir + "/weights/step_00000004.pt");  // after epoch 1's last step
+    run.trainer->train();
+  }
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {2, 3}}));
+}
+
 TEST(Train, Bf16AutocastTrainsOnTheCpuAndFp16IsRefused) {
   const Config c = load_config("", tiny_run({"train.steps=3", "train.amp=bf16", "train.val_every=0"}));
   train::Trainer t(parts_for(c, test::temp_dir("bf16")));
@@ -504,8 +537,8 @@ TEST(Train, DemoConfigLearnsTheShapes) {
 }
 
 // The loop is family-agnostic: YOLOv5 and CenterNet models train through the same steps.
-TEST(Train, YoloV5AndCenterNetTrainToo) {
-  for (const char* model : {"yolov5n.yaml", "centernet_csp.yaml"}) {
+TEST(Train, YoloV5CenterNetAndYolo26TrainToo) {
+  for (const char* model : {"yolov5n.yaml", "centernet_csp.yaml", "yolo26.yaml"}) {
     const Config c = load_config("", tiny_run({"train.steps=2", "train.val_every=0"}, model));
     cli::Run run = run_for(c, test::temp_dir(std::string("family-") + model));
     train::Trainer& t = *run.trainer;

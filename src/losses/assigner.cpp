@@ -61,7 +61,7 @@ Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd
     const at::Tensor first = positive.to(at::kByte).argmax(1) + g0;
     first_pos = at::where(positive.any(1).logical_and(first_pos.eq(N)), first, first_pos);
   }
-  const at::Tensor fg = fg_count.gt(0);
+  at::Tensor fg = fg_count.gt(0);
   const at::Tensor tgi = at::where(fg_count.gt(1), best_idx, at::where(fg, first_pos, at::zeros_like(first_pos)));
 
   const at::Tensor labels = gt_labels.gather(1, tgi).clamp_min(0);                          // [B, A]
@@ -69,8 +69,21 @@ Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd
   // Alignment and overlap of every anchor with its box, normalised per box so that the
   // best-aligned anchor of each box scores that box's best overlap.
   const at::Tensor zero = at::zeros({}, fopt);
-  const at::Tensor iou = at::where(fg, ciou(boxes, pd_bboxes).clamp_min(0), zero);
-  const at::Tensor align = at::where(fg, pd_scores.gather(2, labels.unsqueeze(-1)).squeeze(-1).pow(o.alpha) * iou.pow(o.beta), zero);
+  at::Tensor iou = at::where(fg, ciou(boxes, pd_bboxes).clamp_min(0), zero);
+  at::Tensor align = at::where(fg, pd_scores.gather(2, labels.unsqueeze(-1)).squeeze(-1).pow(o.alpha) * iou.pow(o.beta), zero);
+  if (o.topk2 > 0 && o.topk2 < topk) {
+    // Each box keeps its topk2 best-aligned anchors: anchors sorted by (box, alignment
+    // descending), an anchor's rank within its box below topk2. Background sorts last.
+    const at::Tensor group = at::where(fg, tgi, at::full({}, N, tgi.options())).to(at::kDouble);
+    const at::Tensor order = std::get<1>((group * 2 + (1 - align.to(at::kDouble))).sort(1));  // align in [0, 1]
+    const at::Tensor sorted_group = group.gather(1, order).to(at::kLong);
+    const at::Tensor position = at::arange(A, tgi.options()).expand({B, A});
+    const at::Tensor start = at::full({B, N + 1}, A, tgi.options()).scatter_reduce(1, sorted_group, position, "amin", true);
+    const at::Tensor rank = at::empty_like(position).scatter_(1, order, position - start.gather(1, sorted_group));
+    fg = fg.logical_and(rank.lt(o.topk2));
+    iou = at::where(fg, iou, zero);
+    align = at::where(fg, align, zero);
+  }
   const at::Tensor box_align = at::zeros({B, N}, fopt).scatter_reduce(1, tgi, align, "amax", /*include_self=*/true);
   const at::Tensor box_iou_max = at::zeros({B, N}, fopt).scatter_reduce(1, tgi, iou, "amax", /*include_self=*/true);
   const at::Tensor norm = align * box_iou_max.gather(1, tgi) / (box_align.gather(1, tgi) + o.eps);

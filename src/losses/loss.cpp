@@ -40,6 +40,11 @@ LossOptions loss_options(const Config& c) {
       .min_overlap(l.min_overlap);
 }
 
+at::Tensor normalised_total(const LossTerms& t, const at::Tensor& sums) {
+  if (!sums.defined()) return t.total;
+  return (t.total.reshape({-1}) / sums.clamp_min(1).reshape({-1})).sum();
+}
+
 at::Tensor DetectionLoss::counts(const Targets&, int64_t, int64_t) const { return {}; }
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options) {
@@ -55,9 +60,9 @@ BatchLoss batch_loss(DetectionLoss& loss, const models::HeadOutputs& outputs, co
                      int64_t width) {
   const StepNorm step{loss.counts(targets, height, width), targets.boxes.size(0)};
   const LossTerms t = loss(outputs, targets, step);
-  const at::Tensor divisor = t.deferred.defined() ? t.deferred.clamp_min(1) : at::ones({}, t.total.options());
+  const at::Tensor divisor = t.deferred.defined() ? t.deferred.reshape({-1})[0].clamp_min(1) : at::ones({}, t.total.options());
   BatchLoss out;
-  out.total = t.total / divisor;
+  out.total = normalised_total(t, t.deferred);
   const std::vector<std::string> names = loss.term_names();
   for (size_t i = 0; i < names.size(); ++i) out.items.emplace_back(names[i], t.items[int64_t(i)] / divisor);
   return out;

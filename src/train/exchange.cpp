@@ -61,28 +61,33 @@ StepAgreement RankExchange::agree(bool failed, bool pressed, bool stop, int64_t 
   return a;
 }
 
-void RankExchange::reduce(std::vector<ParamGroup>& groups, models::DetectorImpl& model, at::Tensor& items, at::Tensor& deferred,
-                          int64_t step) {
+void RankExchange::reduce(std::vector<ParamGroup>& groups, const std::vector<int64_t>& normaliser_of, models::DetectorImpl& model,
+                          at::Tensor& items, at::Tensor& deferred, int64_t step) {
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
-  const int64_t T = items.numel();
+  // The same sizes on every rank, whether or not this rank's parts had a deferred normaliser.
+  const int64_t T = items.numel(), D = 1 + (normaliser_of.empty() ? 0 : *std::max_element(normaliser_of.begin(), normaliser_of.end()));
   const bool has_deferred = deferred.defined();
-  at::Tensor sums = at::zeros({T + 1}, fopt);  // [T + 1] the step's loss terms, then its deferred normaliser
+  at::Tensor sums = at::zeros({T + D}, fopt);  // [T + D] the step's loss terms, then its deferred normalisers
   sums.narrow(0, 0, T).copy_(items);
-  if (has_deferred) sums.narrow(0, T, 1).copy_(deferred.reshape({1}));
-  const at::Tensor own = has_deferred ? deferred.clamp_min(1) : at::Tensor();
+  if (has_deferred) sums.narrow(0, T, D).copy_(deferred.reshape({D}));
+  const at::Tensor own = has_deferred ? deferred.reshape({D}).clamp_min(1) : at::Tensor();
   group_->all_reduce_sum(sums, "the loss terms" + of_step(step));
   items = sums.narrow(0, 0, T);
-  if (has_deferred) deferred = sums.narrow(0, T, 1).reshape({});
+  if (has_deferred) deferred = sums.narrow(0, T, D);
   const at::Tensor rescale_out = has_deferred ? deferred.clamp_min(1).reciprocal() : at::Tensor();
   // Every trainable parameter takes part, in the same order on every rank, gradient or not.
-  std::vector<at::Tensor> grads;
+  std::vector<std::vector<at::Tensor>> grads(static_cast<size_t>(D));
+  size_t i = 0;
   for (auto& g : groups)
     for (auto& p : g.params) {
+      const int64_t d = normaliser_of.at(i++);
       if (!p.requires_grad()) continue;
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
+      grads.at(size_t(d)).push_back(p.grad());
     }
-  sum_in_buckets(grads, own, rescale_out, "the gradients" + of_step(step));
+  for (size_t d = 0; d < grads.size(); ++d)
+    sum_in_buckets(grads[d], has_deferred ? own[int64_t(d)] : at::Tensor(), has_deferred ? rescale_out[int64_t(d)] : at::Tensor(),
+                   "the gradients" + of_step(step));
   if (sync_bn_) return;
   // Each rank's BatchNorm ran on its own images: the running statistics are averaged, so that
   // every rank (and its EMA, which validates a shard) holds the same ones.

@@ -61,21 +61,34 @@ void Trainer::forward_backward(const StepInput& in, size_t batch, int64_t start,
   notify(StepPhase::loss);
   at::Tensor total = terms.total.to(at::kFloat);
   if (terms.deferred.defined()) {
-    // A normaliser that needs the predictions: the accumulated gradients are kept divided by
-    // the step's total so far, and rescaled as this part adds to it (exact whatever the cut).
+    // Normalisers that need the predictions: the accumulated gradients are kept divided by the
+    // step's totals so far, and rescaled as this part adds to them (exact whatever the cut);
+    // each normaliser's gradients are its own parameters' (DetectionLoss::normaliser_of).
     const at::Tensor before = step_deferred_.defined() ? step_deferred_.clamp_min(1) : at::Tensor();
-    step_deferred_ = step_deferred_.defined() ? step_deferred_ + terms.deferred : terms.deferred;
-    const at::Tensor now = step_deferred_.clamp_min(1);  // detached: a constant of the loss
-    const std::vector<at::Tensor> grads = optimizer_->grads();
-    if (before.defined() && !grads.empty()) {
+    step_deferred_ = step_deferred_.defined() ? step_deferred_ + terms.deferred.reshape({-1}) : terms.deferred.reshape({-1});
+    if (before.defined()) {
       at::NoGradGuard no_grad;
-      compat::foreach_mul_(grads, before / now);
+      const at::Tensor rescale = before / step_deferred_.clamp_min(1);  // [D], detached: constants of the loss
+      const std::vector<std::vector<at::Tensor>> grads = grads_by_normaliser();
+      for (size_t d = 0; d < grads.size(); ++d)
+        if (!grads[d].empty()) compat::foreach_mul_(grads[d], rescale[int64_t(d)]);
     }
-    total = total / now;
+    total = losses::normalised_total(terms, step_deferred_).to(at::kFloat);
   }
   (scaler_ ? scaler_->scale(total) : total).backward();
   notify(StepPhase::backward);
   step_items_ = step_items_.defined() ? step_items_ + terms.items : terms.items;
+}
+
+std::vector<std::vector<at::Tensor>> Trainer::grads_by_normaliser() const {
+  std::vector<std::vector<at::Tensor>> out(size_t(loss_->normalisers()));
+  size_t i = 0;
+  for (const auto& g : optimizer_->groups())
+    for (const auto& p : g.params) {
+      const int64_t d = param_normaliser_[i++];
+      if (p.grad().defined()) out[size_t(d)].push_back(p.grad());
+    }
+  return out;
 }
 
 void Trainer::update() {
@@ -83,7 +96,7 @@ void Trainer::update() {
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   if (exchange_) {
     if (!step_items_.defined()) step_items_ = at::zeros({int64_t(counters_->loss_names().size())}, fopt);
-    exchange_->reduce(optimizer_->groups(), *model_, step_items_, step_deferred_, state_.step);
+    exchange_->reduce(optimizer_->groups(), param_normaliser_, *model_, step_items_, step_deferred_, state_.step);
   }
   const std::vector<at::Tensor> grads = optimizer_->grads();
   at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);
@@ -100,7 +113,7 @@ void Trainer::update() {
   if (options_.clip_grad() > 0) clip_grads_(grads, norm, options_.clip_grad());
   // The step's counters are made before anything is committed: an out-of-memory error up to the
   // optimizer's commit leaves the run as it was, and the commits below allocate nothing.
-  const at::Tensor terms = step_items_.defined() && step_deferred_.defined() ? step_items_ / step_deferred_.clamp_min(1) : step_items_;
+  const at::Tensor terms = step_items_.defined() && step_deferred_.defined() ? step_items_ / step_deferred_[0].clamp_min(1) : step_items_;
   const DeviceCounters::Tally tally = counters_->tally(terms, found, norms);
   optimizer_->step(found);  // atomic: an out-of-memory error inside leaves every group untouched
   if (scaler_) scaler_->update(found);

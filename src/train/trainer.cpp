@@ -48,6 +48,10 @@ Trainer::Trainer(TrainerParts parts)
   // Ultralytics scales the decay with the images per step relative to the nominal batch.
   const double decay = options_.weight_decay() * double(batch() * options_.world() * length_.accumulate) / double(options_.nominal_batch());
   optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay), options_.optimizer());
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& p : model_->named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
+  for (const auto& g : optimizer_->groups())
+    for (const auto& p : g.params) param_normaliser_.push_back(loss_->normaliser_of(names[p.unsafeGetTensorImpl()]));
   ScheduleOptions schedule = options_.schedule();
   schedule.total_steps(length_.total_steps);
   if (schedule.warmup_steps() == 0) schedule.warmup_steps(warmup_steps(options_.warmup_epochs(), nb, length_.accumulate));
@@ -110,6 +114,7 @@ void Trainer::train() {
 
 void Trainer::begin_epoch() {
   if (state_.stop || state_.step >= total_steps()) return;
+  loss_->set_progress(state_.epoch, length_.epochs);
   each_hook([&](Hook& h) { h.before_epoch(*this); });
   loader_->start(state_.epoch, state_.batch);
 }

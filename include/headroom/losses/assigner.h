@@ -3,7 +3,8 @@
 // `min_candidate_size` is widened to it about the centre, as Ultralytics 8.4 does, so that tiny
 // objects still get anchors); alignment =
 // score^alpha * CIoU^beta; each box takes its top-k candidates; an anchor claimed by several
-// boxes goes to the one it overlaps most. Ground truth is processed in chunks so that an image
+// boxes goes to the one it overlaps most; with topk2 < topk each box then keeps only its topk2
+// best-aligned anchors (YOLO26's one-to-one branch: topk 7, topk2 1). Ground truth is processed in chunks so that an image
 // with thousands of boxes needs bounded memory; the result does not depend on the chunk size.
 #pragma once
 
@@ -20,6 +21,7 @@ struct Assignment {
 
 struct AssignerOptions {
   int64_t topk = 10;
+  int64_t topk2 = 0;  // 0: topk
   double alpha = 0.5;
   double beta = 6.0;
   double eps = 1e-9;

@@ -10,6 +10,8 @@
 //   - a quantity that needs the predictions (YOLOv8's target-score sum, from the assigner): each
 //     part reports its share as `deferred`, and the trainer keeps the accumulated gradients
 //     divided by the running total, rescaling them as each part adds to it; also exact.
+//     A loss may have several such normalisers (YOLO26's two branches), each dividing the
+//     gradients of its own parameters (normaliser_of): the branches share none.
 // With one part (the step is one batch) both reduce to the reference implementations.
 #pragma once
 
@@ -44,12 +46,18 @@ struct StepNorm {
 };
 
 struct LossTerms {
-  at::Tensor total;     // what backward runs on: this part's share of the step's loss
+  at::Tensor total;     // what backward runs on: this part's share of the step's loss; [D] with
+                        // D deferred normalisers, one share per normaliser
   at::Tensor items;     // [T] float, detached: this part's share of each term (term_names())
-  at::Tensor deferred;  // [] float, detached: this part's share of a prediction-dependent
-                        // normaliser; `total` and `items` are still to be divided by the step's
-                        // sum of it (at least 1). Undefined when every normaliser is a count.
+  at::Tensor deferred;  // [] or [D] float, detached: this part's share of each prediction-
+                        // dependent normaliser; `total` is still to be divided by the step's sums
+                        // of them (at least 1 each), `items` by the first. Undefined when every
+                        // normaliser is a count.
 };
+
+// The loss to backward: each share of `t.total` divided by its normaliser's step sum (`sums`,
+// [] or [D], clamped to at least 1 here), added up.
+at::Tensor normalised_total(const LossTerms& t, const at::Tensor& sums);
 
 // Gains and assignment settings (Ultralytics' names for YOLO, the TF OD API's for CenterNet).
 struct LossOptions {
@@ -80,6 +88,12 @@ class DetectionLoss {
   // K, the length of counts() (0 = none): ranks exchange them before any backward.
   virtual int64_t count_terms() const { return 0; }
   virtual LossTerms operator()(const models::HeadOutputs& outputs, const Targets& targets, const StepNorm& step) = 0;
+  // D, the deferred normalisers, and the one whose sum divides a parameter's gradient (by the
+  // parameter's name in the model).
+  virtual int64_t normalisers() const { return 1; }
+  virtual int64_t normaliser_of(const std::string& /*parameter*/) const { return 0; }
+  // Where the run is (epochs done, of `epochs`): losses whose weights follow the schedule read it.
+  virtual void set_progress(int64_t /*epoch*/, int64_t /*epochs*/) {}
 };
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options);

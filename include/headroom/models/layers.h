@@ -136,8 +136,10 @@ class DetectV8Impl : public HeadImpl {
   HeadOutputs forward(const std::vector<at::Tensor>& x) override {
     HeadOutputs out{{"pred", run(cv2, cv3, x)}};
     if (one2one_cv2) {
-      std::vector<at::Tensor> detached;  // the one-to-one loss trains its branch, not the features
-      for (const auto& f : x) detached.push_back(is_training() ? f.detach() : f);
+      // The one-to-one loss trains its branch, not the features: whatever the mode (a frozen
+      // BatchNorm is still training), so that each loss normaliser has its own parameters.
+      std::vector<at::Tensor> detached;
+      for (const auto& f : x) detached.push_back(f.detach());
       out["one2one"] = run(one2one_cv2, one2one_cv3, detached);
     }
     return out;

@@ -105,6 +105,8 @@ class Trainer {
   // Drops what a failed attempt left: gradients (and the step's running sums, reset by the next
   // prepare_step). BatchNorm statistics are the executor's to restore.
   void discard_gradients();
+  // The defined gradients of the optimizer's parameters, by the loss normaliser that divides them.
+  std::vector<std::vector<at::Tensor>> grads_by_normaliser() const;
 
   // Several processes: the step's exchanges are the same on every rank and in each attempt —
   // the loss normalisers in prepare_step (device), the agreement before the update (host), the
@@ -215,7 +217,10 @@ class Trainer {
   RunLength length_;
 
   // The step's running sums on the device (reset by prepare_step), then the window's.
-  at::Tensor step_items_, step_deferred_;  // [T] this step's terms so far; [] its deferred normaliser
+  at::Tensor step_items_, step_deferred_;  // [T] this step's terms so far; [D] its deferred normalisers
+  // Per parameter of the optimizer's groups, in their order: the loss normaliser that divides
+  // its gradient (all 0 for a loss with one).
+  std::vector<int64_t> param_normaliser_;
   std::unique_ptr<DeviceCounters> counters_;
   std::optional<MemoryStats> step_memory_;
   int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU snapshot must fit beside
