@@ -9,6 +9,24 @@
 
 namespace headroom::losses {
 
+namespace {
+
+// Foreground anchors that rank below k by alignment among their box's: anchors sorted by (box,
+// alignment descending; align is in [0, 1]), an anchor's rank its position minus its box's first.
+// Background sorts last. fg, tgi, align [B, A]; N boxes.
+at::Tensor keep_best_of_each_box(const at::Tensor& fg, const at::Tensor& tgi, const at::Tensor& align, int64_t N, int64_t k) {
+  const int64_t B = fg.size(0), A = fg.size(1);
+  const at::Tensor group = at::where(fg, tgi, at::full({}, N, tgi.options())).to(at::kDouble);
+  const at::Tensor order = std::get<1>((group * 2 + (1 - align.to(at::kDouble))).sort(1));
+  const at::Tensor sorted_group = group.gather(1, order).to(at::kLong);
+  const at::Tensor position = at::arange(A, tgi.options()).expand({B, A});
+  const at::Tensor start = at::full({B, N + 1}, A, tgi.options()).scatter_reduce(1, sorted_group, position, "amin", true);
+  const at::Tensor rank = at::empty_like(position).scatter_(1, order, position - start.gather(1, sorted_group));
+  return fg.logical_and(rank.lt(k));
+}
+
+}  // namespace
+
 Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anchors,
                                const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& gt_mask,
                                const AssignerOptions& o) {
@@ -72,15 +90,7 @@ Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd
   at::Tensor iou = at::where(fg, ciou(boxes, pd_bboxes).clamp_min(0), zero);
   at::Tensor align = at::where(fg, pd_scores.gather(2, labels.unsqueeze(-1)).squeeze(-1).pow(o.alpha) * iou.pow(o.beta), zero);
   if (o.topk2 > 0 && o.topk2 < topk) {
-    // Each box keeps its topk2 best-aligned anchors: anchors sorted by (box, alignment
-    // descending), an anchor's rank within its box below topk2. Background sorts last.
-    const at::Tensor group = at::where(fg, tgi, at::full({}, N, tgi.options())).to(at::kDouble);
-    const at::Tensor order = std::get<1>((group * 2 + (1 - align.to(at::kDouble))).sort(1));  // align in [0, 1]
-    const at::Tensor sorted_group = group.gather(1, order).to(at::kLong);
-    const at::Tensor position = at::arange(A, tgi.options()).expand({B, A});
-    const at::Tensor start = at::full({B, N + 1}, A, tgi.options()).scatter_reduce(1, sorted_group, position, "amin", true);
-    const at::Tensor rank = at::empty_like(position).scatter_(1, order, position - start.gather(1, sorted_group));
-    fg = fg.logical_and(rank.lt(o.topk2));
+    fg = keep_best_of_each_box(fg, tgi, align, N, o.topk2);
     iou = at::where(fg, iou, zero);
     align = at::where(fg, align, zero);
   }
