@@ -276,6 +276,16 @@ TEST(Interop, AnotherClassCountKeepsEverythingButTheClassOutputs) {
   EXPECT_EQ(r40.reinitialised.size(), 36u);  // per level: 2 convs with BatchNorm (5 shaped tensors each), the class conv (2)
   for (const auto& s : r40.reinitialised) EXPECT_EQ(s.rfind("head.cv3.", 0), 0u) << s;
   EXPECT_TRUE(at::equal(wide->named_parameters()["head.cv2.0.0.cb.conv.weight"], file.at("model.22.cv2.0.0.conv.weight").to(at::kFloat)));
+  // YOLO26: both class branches (one-to-many and one-to-one) start afresh, nothing else.
+  ImportedWeights w26 = read_imported_weights(fixture("ul_yolo26t.pt"));
+  ModelSpec spec26 = *w26.model;
+  spec26.nc = 5;
+  Detector m26(spec26);
+  const ImportReport r26 = import_weights(*m26, w26, /*new_head=*/true);
+  EXPECT_TRUE(r26.missing.empty() && r26.unexpected.empty() && r26.mismatched.empty());
+  ASSERT_EQ(r26.reinitialised.size(), 12u);  // per level and branch: the class conv's weight and bias
+  for (const auto& s : r26.reinitialised)
+    EXPECT_TRUE(s.rfind("head.cv3.", 0) == 0 || s.rfind("head.one2one_cv3.", 0) == 0) << s;
   spec.nc = 5;
   // without permission the same file is refused
   Detector strict(spec);

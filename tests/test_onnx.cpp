@@ -150,5 +150,38 @@ TEST(Interop, OnnxExportHalfAndStaticBatch) {
   EXPECT_LT(max_abs(half.narrow(1, 4, 3), want.narrow(1, 4, 3)), 0.01);
 }
 
+// An end-to-end graph at a static size keeps max_det rows (fewer than the 84 anchors here), the
+// best first, as the forward's top-k does, and says end2end in its metadata as Ultralytics does.
+TEST(Interop, OnnxExportOfAnEndToEndHeadKeepsMaxDetRows) {
+  const std::string dir = test::temp_dir("onnx-e2e");
+  LoadedWeights w = load_any_weights(fixture("ul_yolo26t.pt"), c10::Device(c10::kCPU));
+  w.model->fuse();
+  const at::Tensor x = reference("ul_yolo26t").at("input");  // [2, 3, 64, 64]
+  export_onnx(*w.model, w.info, dir + "/e.onnx", OnnxExportOptions().imgsz(64).batch(2).max_det(20));
+  onnx::ModelProto m;
+  ASSERT_TRUE(m.ParseFromString(test::read_bytes(dir + "/e.onnx")));
+  const auto& dims = m.graph().output(0).type().tensor_type().shape();
+  ASSERT_EQ(dims.dim_size(), 3);
+  EXPECT_EQ(dims.dim(0).dim_value(), 2);
+  EXPECT_EQ(dims.dim(1).dim_value(), 20);
+  EXPECT_EQ(dims.dim(2).dim_value(), 6);
+  std::map<std::string, std::string> meta;
+  for (const auto& p : m.metadata_props()) meta[p.key()] = p.value();
+  EXPECT_EQ(meta.at("end2end"), "True");
+  w.model->eval();
+  at::NoGradGuard no_grad;
+  const eval::Candidates c = eval::decode_candidates(w.model->info(), w.model->forward(x));
+  eval::NmsOptions o;
+  o.conf = -1;
+  o.max_det = 20;
+  const eval::Detections d = eval::topk_detections(c.boxes, c.scores, o);
+  const at::Tensor got = run_onnx(dir + "/e.onnx", x).at("output0");
+  ASSERT_EQ(got.sizes(), (at::IntArrayRef{2, 20, 6}));
+  EXPECT_LT(max_abs(got.narrow(2, 0, 4), d.boxes), 1e-2);
+  EXPECT_LT(max_abs(got.select(2, 4), d.scores), 1e-5);
+  EXPECT_TRUE(at::equal(got.select(2, 5).to(at::kLong), d.classes));
+  EXPECT_THROW(export_onnx(*w.model, w.info, dir + "/bad.onnx", OnnxExportOptions().imgsz(64).max_det(0)), InputError);
+}
+
 // The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the
 // tensors of xingyizhou's network (ctdet_coco_hg.pth), with the same shapes.

@@ -552,6 +552,7 @@ void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo
            {"batch", std::to_string(B)},
            {"imgsz", "[" + std::to_string(imgsz) + ", " + std::to_string(imgsz) + "]"},
            {"names", names_dict_literal(info.names)},
+           {"end2end", di.end2end ? "True" : "False"},
            {"family", di.family}}) {
     auto* p = m.add_metadata_props();
     p->set_key(k);

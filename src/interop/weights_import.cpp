@@ -253,10 +253,12 @@ std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector
 }
 
 // The head's tensors whose shapes follow the class count: YOLOv8/11's class branch (its width
-// is max(P3 channels, min(nc, 100))), YOLOv5's output convolutions, CenterNet's heatmap head.
+// is max(P3 channels, min(nc, 100))) and YOLO26's one-to-one copy of it, YOLOv5's output
+// convolutions, CenterNet's heatmap head.
 bool in_class_branch(const std::string& family, const std::string& name) {
-  const char* prefix = family == "yolov8" ? "head.cv3." : family == "yolov5" ? "head.m." : "head.heatmap.";
-  return name.rfind(prefix, 0) == 0;
+  const auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  if (family == "yolov8") return starts("head.cv3.") || starts("head.one2one_cv3.");
+  return starts(family == "yolov5" ? "head.m." : "head.heatmap.");
 }
 
 // A TF OD API CenterNet checkpoint (the prefix of its .index and .data files).

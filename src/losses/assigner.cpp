@@ -11,14 +11,17 @@ namespace headroom::losses {
 
 namespace {
 
-// Foreground anchors that rank below k by alignment among their box's: anchors sorted by (box,
-// alignment descending; align is in [0, 1]), an anchor's rank its position minus its box's first.
-// Background sorts last. fg, tgi, align [B, A]; N boxes.
+// Foreground anchors that rank below k by alignment among their box's: anchors sorted by
+// alignment (best first), then stably by box, so that each box's anchors keep that order; an
+// anchor's rank is its position minus its box's first. Background sorts last. fg, tgi, align
+// [B, A]; N boxes.
 at::Tensor keep_best_of_each_box(const at::Tensor& fg, const at::Tensor& tgi, const at::Tensor& align, int64_t N, int64_t k) {
   const int64_t B = fg.size(0), A = fg.size(1);
-  const at::Tensor group = at::where(fg, tgi, at::full({}, N, tgi.options())).to(at::kDouble);
-  const at::Tensor order = std::get<1>((group * 2 + (1 - align.to(at::kDouble))).sort(1));
-  const at::Tensor sorted_group = group.gather(1, order).to(at::kLong);
+  const at::Tensor group = at::where(fg, tgi, at::full({}, N, tgi.options()));
+  const c10::optional<bool> stable = true;  // a plain `true` would bind to sort(dim, descending)
+  const at::Tensor by_align = std::get<1>(align.sort(stable, 1, /*descending=*/true));
+  const at::Tensor order = by_align.gather(1, std::get<1>(group.gather(1, by_align).sort(stable, 1, /*descending=*/false)));
+  const at::Tensor sorted_group = group.gather(1, order);
   const at::Tensor position = at::arange(A, tgi.options()).expand({B, A});
   const at::Tensor start = at::full({B, N + 1}, A, tgi.options()).scatter_reduce(1, sorted_group, position, "amin", true);
   const at::Tensor rank = at::empty_like(position).scatter_(1, order, position - start.gather(1, sorted_group));

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <string>
 
 namespace headroom::train {
@@ -61,11 +60,11 @@ StepAgreement RankExchange::agree(bool failed, bool pressed, bool stop, int64_t 
   return a;
 }
 
-void RankExchange::reduce(std::vector<ParamGroup>& groups, const std::vector<int64_t>& normaliser_of, models::DetectorImpl& model,
-                          at::Tensor& items, at::Tensor& deferred, int64_t step) {
+void RankExchange::reduce(std::vector<ParamGroup>& groups, int64_t normalisers, const std::vector<int64_t>& normaliser_of,
+                          models::DetectorImpl& model, at::Tensor& items, at::Tensor& deferred, int64_t step) {
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   // The same sizes on every rank, whether or not this rank's parts had a deferred normaliser.
-  const int64_t T = items.numel(), D = 1 + (normaliser_of.empty() ? 0 : *std::max_element(normaliser_of.begin(), normaliser_of.end()));
+  const int64_t T = items.numel(), D = normalisers;
   const bool has_deferred = deferred.defined();
   at::Tensor sums = at::zeros({T + D}, fopt);  // [T + D] the step's loss terms, then its deferred normalisers
   sums.narrow(0, 0, T).copy_(items);

@@ -96,7 +96,7 @@ void Trainer::update() {
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   if (exchange_) {
     if (!step_items_.defined()) step_items_ = at::zeros({int64_t(counters_->loss_names().size())}, fopt);
-    exchange_->reduce(optimizer_->groups(), param_normaliser_, *model_, step_items_, step_deferred_, state_.step);
+    exchange_->reduce(optimizer_->groups(), loss_->normalisers(), param_normaliser_, *model_, step_items_, step_deferred_, state_.step);
   }
   const std::vector<at::Tensor> grads = optimizer_->grads();
   at::Tensor found = scaler_ ? scaler_->unscale_(grads) : at::zeros({}, fopt);

@@ -46,10 +46,10 @@ class RankExchange {
   // Each rank's gradients are of its images' share of a loss normalised over the whole step, so
   // the step's gradient is their sum; prediction-dependent normalisers (`deferred`, [D] or
   // undefined) are summed too and each rank's gradients brought from its own to the total, per
-  // normaliser (`normaliser_of`: one per parameter of `groups`, in order).
+  // normaliser (the loss's `normalisers`; `normaliser_of`: one per parameter of `groups`, in order).
   // `items` [T]: the step's loss terms, summed. BatchNorm statistics are averaged unless synced.
-  void reduce(std::vector<ParamGroup>& groups, const std::vector<int64_t>& normaliser_of, models::DetectorImpl& model, at::Tensor& items,
-              at::Tensor& deferred, int64_t step);
+  void reduce(std::vector<ParamGroup>& groups, int64_t normalisers, const std::vector<int64_t>& normaliser_of,
+              models::DetectorImpl& model, at::Tensor& items, at::Tensor& deferred, int64_t step);
 
   // Rank r validates images r, r + world, ... (the image ids stay those of the whole split).
   std::shared_ptr<const data::Split> val_shard(const data::Split& val);
