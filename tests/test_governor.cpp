@@ -478,10 +478,11 @@ TEST(Governor, AModelThatNeedsTwoImagesTrainsAndLeavesOutALastBatchOfOne) {
   EXPECT_EQ(data::Loader::batches_in(33, 4, false, 1), 9);
 }
 
-// Host memory is memory. A whole CPU run — steps, validation every epoch, checkpoints — keeps its
-// resident memory flat from epoch to epoch; and what the process holds beyond its tensors, when
-// it grows (here 48 MiB of plain host memory taken mid-run), comes off the tensors' limit, so the
-// budget bounds the process.
+// Host memory is memory. A whole CPU run — steps, validation every epoch, checkpoints — keeps the
+// memory it uses flat from epoch to epoch; and what the process holds beyond its tensors, when it
+// grows (here 96 MiB of plain host memory taken in the last epoch), comes off the tensors' limit,
+// so the budget bounds the process. Both read RSS after the heap's free pages went back to the
+// system (return_free_heap), as the governor reads it: under load glibc kept up to 10 MiB more.
 TEST(Governor, HostMemoryStaysFlatAcrossEpochsAndItsGrowthIsCounted) {
   const Config c = load_config("", tiny_run({"train.epochs=5", "train.batch=8", "train.nominal_batch=8"}));
   const std::string dir = temp_dir("gov-rss");
@@ -495,10 +496,11 @@ TEST(Governor, HostMemoryStaysFlatAcrossEpochsAndItsGrowthIsCounted) {
     std::vector<int64_t> limits;
     std::vector<char> held;
     void after_step(train::Trainer& tr) override {
-      if (tr.state().epoch == 3 && held.empty()) held.assign(size_t(48) << 20, 1);  // touched: resident
+      if (tr.state().epoch == 4 && held.empty()) held.assign(size_t(96) << 20, 1);  // touched: resident
     }
     void after_epoch(train::Trainer& tr) override {
       tr.wait_for_checkpoints();  // the last epoch's snapshot is gone: its write ends at a moment timing decides
+      return_free_heap();
       rss.push_back(process_memory().rss);
       limits.push_back(tr.monitor()->sample().limit);
     }
@@ -508,11 +510,12 @@ TEST(Governor, HostMemoryStaysFlatAcrossEpochsAndItsGrowthIsCounted) {
   t.register_hook(std::move(recorder));
   t.train();
   ASSERT_EQ(r->rss.size(), 5u);
-  // epochs 2 and 3: the first epoch builds the validation cache and warms the libraries
-  EXPECT_LE(std::abs(r->rss[2] - r->rss[1]), int64_t(8) << 20) << r->rss[1] << " -> " << r->rss[2];
-  EXPECT_GE(r->rss[3] - r->rss[2], int64_t(40) << 20);  // the 48 MiB taken in epoch 4
-  EXPECT_LE(r->limits[3], budget - (int64_t(40) << 20)) << "the growth comes off the tensors' limit";
-  EXPECT_LE(r->limits[3], r->limits[2] - (int64_t(40) << 20)) << "the limit falls by what the process grew";
+  // epochs 2 to 4 (the first builds the validation cache and warms the libraries): a snapshot of
+  // the model, its EMA and the optimizer kept each epoch (913k parameters, 3 copies) would add 22 MiB
+  EXPECT_LE(std::abs(r->rss[3] - r->rss[1]), int64_t(12) << 20) << r->rss[1] << " -> " << r->rss[3];
+  EXPECT_GE(r->rss[4] - r->rss[3], int64_t(80) << 20);  // the 96 MiB taken in epoch 5
+  EXPECT_LE(r->limits[4], budget - (int64_t(80) << 20)) << "the growth comes off the tensors' limit";
+  EXPECT_LE(r->limits[4], r->limits[3] - (int64_t(80) << 20)) << "the limit falls by what the process grew";
   t.monitor()->set_limit(0);
 }
 

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <fstream>
+#ifdef __GLIBC__  // defined by <cstdio>'s <features.h>
+#include <malloc.h>
+#endif
 
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
@@ -34,6 +37,12 @@ ProcessMemory process_memory() {
     if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak_rss = kb * 1024;
   }
   return m;
+}
+
+void return_free_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 bool reset_peak_rss() {

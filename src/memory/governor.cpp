@@ -180,6 +180,7 @@ void Governor::before_train(train::Trainer& t) {
   if (recompute_all_) t.model().set_recompute(models::RecomputeMode::all);
   const MemoryStats s = m.sample();
   last_retries_ = retries_at_start_ = s.alloc_retries;
+  if (t.device().is_cpu()) return_free_heap();  // as after_epoch measures
   other_at_start_ = process_memory().rss - (t.device().is_cpu() ? s.reserved : 0);
   ooms_at_start_ = s.ooms;
   if (!decisions_.empty())
@@ -241,8 +242,9 @@ void Governor::after_step(train::Trainer& t) {
 
 void Governor::after_epoch(train::Trainer& t) {
   const MemoryStats s = monitor(t).sample();
-  const ProcessMemory host = process_memory();
   const bool cpu = t.device().is_cpu();
+  if (cpu) return_free_heap();  // the budget counts memory in use, not the heap's free pages
+  const ProcessMemory host = process_memory();
   const int64_t other = host.rss - (cpu ? s.reserved : 0), growth = other - other_at_start_;
   spdlog::info("memory, epoch {}: peak {} allocated, {} reserved, of budget {}; fragmentation now {:.0f}%; since the start {} "
                "allocator retries, {} OOMs; micro-batch {}; host RSS {} (peak {}){}",

@@ -62,6 +62,10 @@ struct ProcessMemory {
   int64_t rss = 0, peak_rss = 0;
 };
 ProcessMemory process_memory();
+// Hands the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere), so
+// that RSS read next counts memory in use, not what the heap kept after a free: once the
+// snapshot of a checkpoint or a worker's buffers are freed, glibc may hold 10 MiB or more of it.
+void return_free_heap();
 // Restarts VmHWM from the current RSS (/proc/self/clear_refs); false where the kernel refuses.
 bool reset_peak_rss();
 
