@@ -9,13 +9,17 @@
 
 #include <cmath>
 
+#include "headroom/core/json.h"
 #include "headroom/core/torch_compat.h"
+#include "headroom/interop/weights_import.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/models/detector.h"
 #include "headroom/train/amp.h"
 #include "headroom/train/ema.h"
 #include "headroom/train/optimizer.h"
+#include "headroom/train/parts.h"
 #include "headroom/train/schedule.h"
+#include "interop_util.h"
 
 using namespace headroom;
 using namespace headroom::train;
@@ -193,6 +197,10 @@ TEST(Schedule, WarmupAsUltralytics) {
   EXPECT_NEAR(s.rates(50, true).lr, 0.1 + 0.5 * (s.base_lr(50) - 0.1), 1e-15);
   EXPECT_NEAR(s.rates(50, false).momentum, 0.8 + 0.5 * 0.137, 1e-12);
   EXPECT_DOUBLE_EQ(s.rates(100, true).lr, s.base_lr(100));
+  // A group with a scaled rate (MuSGD's class branch, 3x) warms up towards its own rate.
+  EXPECT_NEAR(s.rates(50, true, 3).lr, 0.1 + 0.5 * (3 * s.base_lr(50) - 0.1), 1e-15);
+  EXPECT_NEAR(s.rates(50, false, 3).lr, 0.5 * 3 * s.base_lr(50), 1e-15);
+  EXPECT_DOUBLE_EQ(s.rates(100, false, 3).lr, 3 * s.base_lr(100));
   EXPECT_DOUBLE_EQ(s.rates(100, false).momentum, 0.937);
 }
 
@@ -278,11 +286,13 @@ TEST(Ema, FollowsTheDecayRamp) {
 TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
   // The governor re-runs a step after an OOM: a half-applied update would be applied twice.
   auto& alloc = memory::CachingCpuAllocator::install();
-  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop}) {
+  for (OptimizerKind kind :
+       {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop, OptimizerKind::musgd}) {
     at::manual_seed(5);
     std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};
     for (auto& p : params) p.set_requires_grad(true);
-    Optimizer opt({{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false}, {"bias", {params[1]}, 0.02, 0.9, 0.0, true}},
+    const bool muon = kind == OptimizerKind::musgd;  // MuSGD's matrices take Muon's update and SGD's
+    Optimizer opt({{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false, muon}, {"bias", {params[1]}, 0.02, 0.9, 0.0, true}},
                   OptimizerOptions().kind(kind).fused(false));
     for (auto& p : params) p.mutable_grad() = at::randn(p.sizes());
     opt.step();  // non-zero state
@@ -309,4 +319,62 @@ TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
     }
     EXPECT_GT(failures, 2) << to_string(kind);
   }
+}
+
+// MuSGD against Ultralytics' own (scripts/make_musgd_reference.py): the parameters of a YOLO26 that
+// `yolo train` wrote, grouped as the Trainer groups them, four steps of the same gradients with a
+// falling lr; every parameter's change after every step against Ultralytics'. The Muon half runs
+// Newton-Schulz in bf16 on both sides, so the two agree to bf16's rounding, not to fp32's.
+TEST(Optimizer, MuSgdFollowsUltralyticsStepByStep) {
+  models::LoadedWeights w = interop::load_any_weights(test::fixture("ul_yolo26t.pt"), c10::Device(c10::kCPU));
+  const Json ref = read_json_file(test::fixture("ul_yolo26t.musgd.json"));
+  std::map<std::string, const Json*> ref_param;
+  for (const Json& p : ref.find("params")->items()) ref_param[p.find("name")->as_string()] = &p;
+  std::map<std::string, std::string> theirs;  // our name -> Ultralytics'
+  for (const auto& [mine, their] : interop::file_names(*w.model, interop::Naming::ultralytics)) theirs[mine] = their;
+  std::map<const void*, std::string> name_of;
+  for (const auto& p : w.model->named_parameters()) name_of[p.value().unsafeGetTensorImpl()] = theirs.at(p.key());
+
+  const double lr0 = ref.find("lr")->as_number(), momentum = ref.find("momentum")->as_number();
+  Optimizer opt(parameter_groups(*w.model, ref.find("weight_decay")->as_number(), OptimizerKind::musgd, musgd_boosted(w.model->info())),
+                OptimizerOptions().kind(OptimizerKind::musgd).momentum(momentum).nesterov(true).fused(false));
+  // The groups: Muon or not, lr and decay, parameter by parameter as Ultralytics' build_optimizer made them.
+  std::vector<std::pair<std::string, at::Tensor>> params;  // Ultralytics' name, the tensor
+  int boosted = 0;
+  for (const ParamGroup& g : opt.groups())
+    for (const at::Tensor& p : g.params) {
+      const std::string& name = name_of.at(p.unsafeGetTensorImpl());
+      const Json& r = *ref_param.at(name);
+      EXPECT_EQ(g.muon, r.find("muon")->as_bool()) << name;
+      EXPECT_NEAR(lr0 * g.lr_scale, r.find("lr")->as_number(), 1e-12) << name;
+      EXPECT_NEAR(g.weight_decay, r.find("weight_decay")->as_number(), 1e-12) << name;
+      boosted += g.lr_scale == 3;
+      params.emplace_back(name, p);
+    }
+  EXPECT_EQ(params.size(), ref_param.size());
+  EXPECT_EQ(boosted, 84);  // the class branches' convolutions and BatchNorms, both branches
+
+  std::vector<at::Tensor> p0;
+  for (const auto& [name, p] : params) p0.push_back(p.detach().clone());
+  double worst_norm = 0, worst_projection = 0;
+  for (int64_t step = 0; step < 4; ++step) {
+    for (ParamGroup& g : opt.groups()) g.lr = lr0 * g.lr_scale * (1 - 0.1 * double(step)), g.momentum = momentum;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.mutable_grad() = 0.01 * at::cos(37 * p0[i] + 0.5 * double(step)) + 0.001 * double(step);
+    opt.step();
+    const Json& want = ref.find("steps")->items()[size_t(step)];
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor d = (params[i].second.detach() - p0[i]).to(at::kDouble).flatten();
+      const at::Tensor weights = at::cos(0.7 * at::arange(d.numel(), at::kDouble));
+      const std::vector<Json>& r = want.find(params[i].first)->items();  // sum, projection, max |d|, norm
+      const double norm = r[3].as_number();
+      ASSERT_GT(norm, 0) << params[i].first;
+      // p - p0 is exact to p's fp32 spacing on each side: a bias of -5.48 moved by 8e-5 is known to 0.6%
+      const double floor = 2 * std::sqrt(double(d.numel())) * p0[i].abs().max().item<double>() * 1.2e-7;
+      worst_norm = std::max(worst_norm, (std::abs(d.norm().item<double>() - norm) - floor) / norm);
+      worst_projection = std::max(worst_projection, (std::abs((d * weights).sum().item<double>() - r[1].as_number()) - floor) / norm);
+    }
+  }
+  printf("MuSGD against Ultralytics: the change's norm within %.2e, its projection within %.2e of its norm\n", worst_norm, worst_projection);
+  EXPECT_LT(worst_norm, 2e-3);
+  EXPECT_LT(worst_projection, 2e-2);
 }

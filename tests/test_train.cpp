@@ -549,6 +549,63 @@ TEST(Train, YoloV5CenterNetAndYolo26TrainToo) {
   }
 }
 
+// MuSGD in a real run: YOLO26 with its Muon groups (the class branches at 3x lr) trains, and a run
+// resumed from a checkpoint inside it (both momentum buffers of each Muon parameter saved) ends
+// with the weights of the run that was never stopped.
+TEST(Train, MuSgdTrainsYolo26AndResumesExactly) {
+  const Config c = load_config("", tiny_run({"train.optimizer=musgd", "train.epochs=2", "train.batch=8", "train.val_every=0",
+                                             "train.save_every_steps=2", "train.keep=10"},
+                                            "yolo26.yaml"));
+  const std::string dir = test::temp_dir("musgd");
+  std::vector<at::Tensor> full;
+  {
+    cli::Run run = run_for(c, dir);
+    train::Trainer& t = *run.trainer;
+    int muon = 0, boosted = 0;
+    for (const train::ParamGroup& g : t.optimizer().groups()) muon += g.muon, boosted += g.lr_scale == 3;
+    EXPECT_EQ(muon, 2);     // the class branches' matrices and the rest
+    EXPECT_EQ(boosted, 3);  // the class branches' Muon, norm and bias groups
+    const std::vector<at::Tensor> before = test::params_of(t.model());
+    t.train();
+    EXPECT_EQ(t.state().step, 8);
+    EXPECT_EQ(t.counters().skipped_steps, 0);
+    full = test::params_of(t.model());
+    EXPECT_GT(test::relative_difference(full, before), 1e-3);  // it moved
+  }
+  cli::Run run = run_for(c, test::temp_dir("musgd-resumed"));
+  run.trainer->load_checkpoint(dir + "/weights/step_00000002.pt");
+  run.trainer->train();
+  const std::vector<at::Tensor> resumed = test::params_of(run.trainer->model());
+  ASSERT_EQ(resumed.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) ASSERT_TRUE(at::equal(resumed[i], full[i])) << "parameter " << i << " differs after resume";
+}
+
+// `train.optimizer: auto` chooses as Ultralytics does, and the run's config records the choice (a
+// resume rebuilds it).
+TEST(Train, AutoOptimizerChoosesAsUltralytics) {
+  Config c = load_config("", tiny_run({"train.optimizer=auto", "train.lr0=0.5", "train.momentum=0.5", "train.epochs=3"}));
+  // 26 images, nominal batch 8: 4 x 3 = 12 iterations
+  const Config few = train::with_chosen_optimizer(c, 26, 4, 1);
+  EXPECT_EQ(few.train.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(few.train.lr0, 0.001250);  // round(0.002 * 5 / (4 + 4), 6)
+  EXPECT_DOUBLE_EQ(few.train.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(few.train.warmup_bias_lr, 0.0);
+  EXPECT_EQ(train::with_chosen_optimizer(c, 26, 80, 1).train.lr0, 0.000119);  // 0.01 / 84, to 6 places
+  c.train.epochs = 2500;  // 10,000 iterations: still adamw; 2,501 epochs: 10,004
+  EXPECT_EQ(train::with_chosen_optimizer(c, 26, 4, 1).train.optimizer, "adamw");
+  c.train.epochs = 2501;
+  const Config many = train::with_chosen_optimizer(c, 26, 4, 1);
+  EXPECT_EQ(many.train.optimizer, "musgd");
+  EXPECT_DOUBLE_EQ(many.train.lr0, 0.01);
+  c.train.epochs = 1, c.train.steps = 20000;  // train.steps counts directly
+  EXPECT_EQ(train::with_chosen_optimizer(c, 26, 4, 1).train.optimizer, "musgd");
+  // In a run: the trainer's optimizer and the config its checkpoints carry.
+  const Config run_config = load_config("", tiny_run({"train.optimizer=auto", "train.steps=1", "train.val_every=0"}));
+  cli::Run run = run_for(run_config, test::temp_dir("auto-optimizer"));
+  EXPECT_EQ(run.trainer->optimizer().options().kind(), train::OptimizerKind::adamw);
+  EXPECT_NE(run.trainer->options().config_yaml().find("optimizer: adamw"), std::string::npos) << run.trainer->options().config_yaml();
+}
+
 #ifdef HEADROOM_WITH_CUDA
 // No host sync inside a step on CUDA: steps run by the memory governor's executor (what
 // `trainer train` uses) between two counter reads, with the sync-debug mode set to error (a

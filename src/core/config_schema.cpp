@@ -280,12 +280,16 @@ std::vector<ConfigKey> build_schema() {
       int_key<int>("train.epochs", [](Config& c) -> int& { return c.train.epochs; }, 1, 1 << 20, "Epochs to train."),
       int_key<int64_t>("train.steps", [](Config& c) -> int64_t& { return c.train.steps; }, 0, int64_t{1} << 40,
                        "Optimizer steps to train (TF OD API num_steps); 0 = train.epochs decides."),
-      choice_key("train.optimizer", [](Config& c) -> std::string& { return c.train.optimizer; }, {"sgd", "adam", "adamw", "rmsprop"},
-                              "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases. rmsprop is "
-                              "TensorFlow's (the TF OD API's rms_prop_optimizer): ms = rho ms + (1 - rho) g^2; with momentum "
-                              "buf = momentum buf + lr g / sqrt(ms + eps), p -= buf; without, p -= lr g / (sqrt(ms) + eps); "
-                              "weight decay decoupled.",
-                              {{"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}}),
+      choice_key("train.optimizer", [](Config& c) -> std::string& { return c.train.optimizer; },
+                 {"sgd", "adam", "adamw", "rmsprop", "musgd", "auto"},
+                 "Optimizer; parameter groups keep weight decay off BatchNorm weights and biases. rmsprop is "
+                 "TensorFlow's (the TF OD API's rms_prop_optimizer): ms = rho ms + (1 - rho) g^2; with momentum "
+                 "buf = momentum buf + lr g / sqrt(ms + eps), p -= buf; without, p -= lr g / (sqrt(ms) + eps); "
+                 "weight decay decoupled. musgd is Ultralytics' MuSGD (YOLO26's): 2-D and 4-D tensors take Muon's "
+                 "orthogonalised update at 0.2 lr plus SGD's, the rest SGD's, a Detect head's class branch at 3x lr. "
+                 "auto chooses as Ultralytics: musgd with lr0 0.01 over 10,000 iterations, else adamw with lr0 "
+                 "0.002 * 5 / (4 + nc); momentum 0.9, warmup_bias_lr 0.",
+                 {{"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}, {"MuSGD", "musgd"}}),
       double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
       double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,
                  "linear / cosine schedules end at lr0 * lrf."),

@@ -252,15 +252,6 @@ std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector
   return out;
 }
 
-// The head's tensors whose shapes follow the class count: YOLOv8/11's class branch (its width
-// is max(P3 channels, min(nc, 100))) and YOLO26's one-to-one copy of it, YOLOv5's output
-// convolutions, CenterNet's heatmap head.
-bool in_class_branch(const std::string& family, const std::string& name) {
-  const auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
-  if (family == "yolov8") return starts("head.cv3.") || starts("head.one2one_cv3.");
-  return starts(family == "yolov5" ? "head.m." : "head.heatmap.");
-}
-
 // A TF OD API CenterNet checkpoint (the prefix of its .index and .data files).
 void read_tf_centernet_weights(ImportedWeights& w, const std::string& prefix, bool shapes_only) {
   w.source = "TF OD API CenterNet checkpoint";
@@ -461,7 +452,7 @@ ImportReport import_weights(DetectorImpl& model, const ImportedWeights& w, bool 
     }
     if (!from.sizes().equals(into.sizes())) {
       const std::string what = mine + ": " + shape_text(from) + " in the file, " + shape_text(into) + " here";
-      (new_head && in_class_branch(model.info().family, mine) ? r.reinitialised : r.mismatched).push_back(what);
+      (new_head && models::in_class_branch(model.info(), mine) ? r.reinitialised : r.mismatched).push_back(what);
       continue;
     }
     copies.emplace_back(into, from);

@@ -353,6 +353,12 @@ Json model_summary_json(DetectorImpl& d, int64_t imgsz) {
                        {"layers", std::move(layers)}});
 }
 
+bool in_class_branch(const DetectorInfo& info, const std::string& name) {
+  const auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  if (info.family == "yolov8") return starts("head.cv3.") || starts("head.one2one_cv3.");
+  return starts(info.family == "yolov5" ? "head.m." : "head.heatmap.");
+}
+
 int64_t smallest_trainable_batch(models::DetectorImpl& model, int64_t size) {
   at::NoGradGuard no_grad;
   const at::Tensor p0 = model.parameters().front();

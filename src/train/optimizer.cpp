@@ -4,7 +4,9 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
@@ -15,7 +17,7 @@ namespace headroom::train {
 namespace {
 const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
     {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw},
-    {"rmsprop", OptimizerKind::rmsprop}};
+    {"rmsprop", OptimizerKind::rmsprop}, {"musgd", OptimizerKind::musgd}};
 
 // One group's update: its hyper-parameters and the 0-dim tensors the in-place ops take (a plain
 // number operand would be wrapped in a fresh tensor).
@@ -30,10 +32,10 @@ GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const Optimize
   const auto scalar = [&](double v) { return at::full({}, v, device); };
   const bool adam = o.kind() == OptimizerKind::adam || o.kind() == OptimizerKind::adamw;
   GroupStep s;
-  s.lr = g.lr, s.wd = g.weight_decay, s.m = g.momentum;
+  s.lr = g.muon ? g.lr * o.sgd_scale() : g.lr, s.wd = g.weight_decay, s.m = g.momentum;  // a Muon group's SGD half
   s.one = at::ones({}, step.options());
   s.momentum = scalar(g.momentum);
-  s.decay = scalar(1 - g.lr * g.weight_decay);
+  s.decay = scalar(1 - s.lr * g.weight_decay);
   if (adam) {
     const double t = step.item<double>() + 1;
     s.beta2 = scalar(o.beta2());
@@ -97,40 +99,132 @@ void adam_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& exp_avg, at:
   p.addcdiv_(exp_avg, ws, s.rate);
 }
 
+// Muon's orthogonalisation: five quintic Newton-Schulz steps in bf16, X <- a X + (b A + c A A) X
+// with A = X X^T, from X / |X|_F (singular values at most 1), on the wide orientation (A is the
+// smaller Gram matrix). [N, rows, cols] in; out the same shape, bf16 values, singular values near 1.
+// bf16 is rounded as a GEMM with fp32 sums rounds it, once per product-and-sum: on CUDA that is the
+// bf16 kernel itself; on the CPU the sums run in fp32 and each result is rounded to bf16, as torch
+// 2.x's CPU kernels do (LibTorch 1.13's round inside the sums, and its updates drifted 13% from
+// Ultralytics').
+at::Tensor newton_schulz5(const at::Tensor& g) {
+  const bool native = g.is_cuda();
+  const auto rounded = [native](const at::Tensor& t) { return native ? t : t.to(at::kBFloat16).to(at::kFloat); };
+  at::Tensor x = g.to(at::kBFloat16);
+  x.div_(at::linalg_vector_norm(x, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true) + 1e-7);
+  if (!native) x = x.to(at::kFloat);
+  const bool tall = x.size(-2) > x.size(-1);
+  if (tall) x = x.transpose(-2, -1);
+  const double a = 3.4445, b = -4.7750, c = 2.0315;  // Muon's coefficients: the steepest slope at 0
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor A = rounded(at::matmul(x, x.transpose(-2, -1)));
+    const at::Tensor B = rounded(at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c));
+    x = rounded(at::baddbmm(x, B, x, /*beta=*/a));
+  }
+  return tall ? x.transpose(-2, -1) : x;
+}
+
+// MuSGD's Muon half of a Muon group: each parameter's new momentum buffer and its orthogonalised
+// update, computed before anything changes (the step stays atomic under OOM).
+struct MuonUpdates {
+  std::vector<at::Tensor> buffers, updates;
+};
+
+MuonUpdates muon_updates(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& buffers, double beta, bool nesterov) {
+  MuonUpdates out;
+  // Matrices with the same columns and scale go through Newton-Schulz as one batch, zero rows
+  // padding the shorter (they stay zero and leave the others alone), in runs whose row counts span
+  // at most 16x: as Ultralytics batches them, so that bf16 rounds as there.
+  struct Item {
+    size_t index;
+    at::Tensor m;  // [rows, cols]: the update in its own memory order
+    bool nhwc;     // channels-last: written back with the update's strides
+  };
+  std::map<std::pair<int64_t, double>, std::vector<Item>> buckets;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    at::Tensor buf = buffers[i].mul(beta).add_(g, 1 - beta);
+    at::Tensor u = nesterov ? buf.mul(beta).add_(g, 1 - beta) : buf;
+    out.buffers.push_back(std::move(buf));
+    out.updates.push_back(u);
+    // Flattened in the update's own order ([out, in * k * k] for NCHW, [out, k * k * in] for NHWC):
+    // permuting columns permutes the orthogonalised columns alike.
+    const bool nhwc = !u.is_contiguous() && u.dim() == 4 && u.is_contiguous(at::MemoryFormat::ChannelsLast);
+    at::Tensor m = nhwc ? u.permute({0, 2, 3, 1}).flatten(1) : (u.dim() > 2 ? u.flatten(1) : u.contiguous());
+    const double scale = std::sqrt(std::max(1.0, double(g.size(-2)) / double(g.size(-1))));
+    buckets[{m.size(1), scale}].push_back(Item{i, std::move(m), nhwc});
+  }
+  for (auto& [key, items] : buckets) {
+    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.m.size(0) > y.m.size(0); });
+    for (size_t start = 0, j = 1; j <= items.size(); ++j) {
+      if (j < items.size() && items[start].m.size(0) <= 16 * items[j].m.size(0)) continue;
+      const int64_t n = int64_t(j - start), rows = items[start].m.size(0);
+      at::Tensor X = at::zeros({n, rows, key.first}, items[start].m.options());
+      for (int64_t k = 0; k < n; ++k) X[k].narrow(0, 0, items[start + k].m.size(0)).copy_(items[start + k].m);
+      X = newton_schulz5(X).contiguous().to(X.scalar_type()).mul_(key.second);
+      for (int64_t k = 0; k < n; ++k) {
+        const Item& it = items[start + k];
+        const at::Tensor x = X[k].narrow(0, 0, it.m.size(0));
+        const at::Tensor& g = grads[it.index];
+        out.updates[it.index] = it.nhwc ? x.as_strided(g.sizes(), out.updates[it.index].strides()) : x.reshape(g.sizes());
+      }
+      start = j;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 OptimizerKind optimizer_kind_from(const std::string& word) { return enum_from_word(word, kOptimizerKind); }
 const char* to_string(OptimizerKind k) { return enum_word(k, kOptimizerKind); }
 
-std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay) {
+std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay, OptimizerKind kind, const ParamFilter& boosted) {
+  const bool musgd = kind == OptimizerKind::musgd;
   ParamGroup weights{"weights", {}, 0, 0, weight_decay, false};
   ParamGroup norm{"norm", {}, 0, 0, 0, false};
   ParamGroup bias{"bias", {}, 0, 0, 0, true};
+  ParamGroup muon{"muon", {}, 0, 0, weight_decay, false, /*muon=*/true};
+  std::vector<std::vector<std::string>> names(4);  // of each group's parameters
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!p.requires_grad()) continue;
     const std::string& name = item.key();
-    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
-      bias.params.push_back(p);
+    int g = 0;
+    if (musgd && (p.dim() == 2 || p.dim() == 4))  // matrices and convolution filters: Muon orthogonalises them
+      g = 3;
+    else if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
+      g = 2;
     else if (p.dim() <= 1)
-      norm.params.push_back(p);
-    else
-      weights.params.push_back(p);
+      g = 1;
+    (g == 0 ? weights : g == 1 ? norm : g == 2 ? bias : muon).params.push_back(p);
+    names[size_t(g)].push_back(name);
   }
   std::vector<ParamGroup> out;
-  for (auto* g : {&weights, &norm, &bias})
-    if (!g->params.empty()) out.push_back(std::move(*g));
+  int index = 0;
+  for (auto* g : {&weights, &norm, &bias, &muon}) {
+    const std::vector<std::string>& group_names = names[size_t(index++)];
+    if (musgd && boosted) {
+      // Ultralytics' MuSGD trains the head's class branch at 3x lr: a group of its own, first.
+      ParamGroup fast = *g, rest = *g;
+      fast.name += " (class branch, 3x lr)", fast.lr_scale = 3, fast.params.clear(), rest.params.clear();
+      for (size_t i = 0; i < g->params.size(); ++i) (boosted(group_names[i]) ? fast : rest).params.push_back(g->params[i]);
+      for (auto* part : {&fast, &rest})
+        if (!part->params.empty()) out.push_back(std::move(*part));
+    } else if (!g->params.empty()) {
+      out.push_back(std::move(*g));
+    }
+  }
   return out;
 }
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options)
     : groups_(std::move(groups)), options_(options) {
 #if HEADROOM_HAS_FUSED_OPTIMIZERS
-  fused_ = options_.fused() && options_.kind() != OptimizerKind::rmsprop;
+  fused_ = options_.fused() && options_.kind() != OptimizerKind::rmsprop && options_.kind() != OptimizerKind::musgd;
 #endif
   for (const auto& g : groups_) {
     State s;
-    const bool two_buffers = options_.kind() != OptimizerKind::sgd;
+    const bool two_buffers = options_.kind() == OptimizerKind::musgd ? g.muon : options_.kind() != OptimizerKind::sgd;
     for (const auto& p : g.params) {
       s.buf1.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
       if (two_buffers) s.buf2.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
@@ -193,26 +287,38 @@ void Optimizer::step(const at::Tensor& found_inf) {
 
 void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
   // Atomic without a copy of the model: everything the update allocates — Adam's and RMSprop's one
-  // workspace the size of the largest parameter and the 0-dim factors — is made before the first parameter changes;
+  // workspace the size of the largest parameter, MuSGD's Muon buffers and updates, and the 0-dim
+  // factors — is made before the first parameter changes;
   // after that every op writes in place and allocates nothing (no plain-number operands, which
   // LibTorch wraps in fresh tensors). An out-of-memory error leaves parameters and state untouched
-  // and the governor can re-run the step; the extra memory is bounded by that one workspace.
+  // and the governor can re-run the step; the extra memory is bounded by that one workspace (MuSGD:
+  // twice its matrices, and Newton-Schulz's bf16 batches).
   const OptimizerKind kind = options_.kind();
   const at::Tensor& p0 = active.front().params.front();
-  const at::Tensor workspace =
-      kind != OptimizerKind::sgd ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
+  const bool needs_workspace = kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::rmsprop;
+  const at::Tensor workspace = needs_workspace ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
   std::vector<GroupStep> group_steps;
-  for (const auto& a : active) group_steps.push_back(group_step(*a.group, a.step, options_, p0.options()));
+  std::vector<MuonUpdates> muon(active.size());
+  for (size_t i = 0; i < active.size(); ++i) {
+    const Active& a = active[i];
+    group_steps.push_back(group_step(*a.group, a.step, options_, p0.options()));
+    if (a.group->muon) muon[i] = muon_updates(a.grads, a.buf1, a.group->momentum, options_.nesterov());
+  }
   for (size_t i = 0; i < active.size(); ++i) {
     Active& a = active[i];
     const GroupStep& s = group_steps[i];
     for (size_t j = 0; j < a.params.size(); ++j) {
-      if (kind == OptimizerKind::rmsprop)
+      if (a.group->muon) {  // Muon's update, then SGD's on its own buffer (its decay sees the new p)
+        a.buf1[j].copy_(muon[i].buffers[j]);
+        a.params[j].add_(muon[i].updates[j], -a.group->lr * options_.muon_scale());
+        sgd_update(a.params[j], a.grads[j], a.buf2[j], s, options_);
+      } else if (kind == OptimizerKind::rmsprop) {
         rmsprop_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
-      else if (kind == OptimizerKind::sgd)
+      } else if (kind == OptimizerKind::sgd || kind == OptimizerKind::musgd) {
         sgd_update(a.params[j], a.grads[j], a.buf1[j], s, options_);
-      else
+      } else {
         adam_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
+      }
     }
     a.step.add_(s.one);
   }
@@ -240,7 +346,8 @@ void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf
                         options_.eps(), /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
       break;
     case OptimizerKind::rmsprop:
-      TORCH_INTERNAL_ASSERT(false, "RMSprop has no fused kernel (the constructor keeps it in place)");
+    case OptimizerKind::musgd:
+      TORCH_INTERNAL_ASSERT(false, "RMSprop and MuSGD have no fused kernel (the constructor keeps them in place)");
   }
   if (inf) s.step.sub_(*inf);  // a skipped step does not count
 #else

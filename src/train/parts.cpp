@@ -14,6 +14,7 @@ namespace headroom::train {
 
 TrainerOptions trainer_options(const Config& c, c10::Device device) {
   const TrainConfig& t = c.train;
+  TORCH_CHECK(t.optimizer != "auto", "train.optimizer auto reached trainer_options unresolved (with_chosen_optimizer)");
   return TrainerOptions()
       .nominal_batch(t.nominal_batch)
       .epochs(t.epochs)
@@ -51,6 +52,28 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .async_checkpoints(t.async_checkpoints);
 }
 
+Config with_chosen_optimizer(const Config& c, int64_t images, int64_t nc, int64_t world) {
+  if (c.train.optimizer != "auto") return c;
+  Config out = c;
+  TrainConfig& t = out.train;
+  const int64_t per_step = std::max<int64_t>(int64_t(t.batch) * world, t.nominal_batch);
+  const int64_t iterations = t.steps > 0 ? t.steps : (images + per_step - 1) / per_step * t.epochs;
+  const bool musgd = iterations > 10000;
+  t.optimizer = musgd ? "musgd" : "adamw";
+  t.lr0 = musgd ? 0.01 : std::round(0.002 * 5 / double(4 + nc) * 1e6) / 1e6;
+  t.momentum = 0.9;
+  t.warmup_bias_lr = 0;
+  spdlog::info("train.optimizer auto: {} iterations {} 10000, so {} with lr0 {} and momentum 0.9, biases warmed up from 0 "
+               "(Ultralytics' choice; train.lr0, train.momentum and train.warmup_bias_lr are set by it)",
+               iterations, musgd ? ">" : "<=", t.optimizer, t.lr0);
+  return out;
+}
+
+ParamFilter musgd_boosted(const models::DetectorInfo& info) {
+  if (info.family != "yolov8") return {};
+  return [info](const std::string& name) { return models::in_class_branch(info, name); };
+}
+
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch) {
   return std::max<int64_t>(std::llround(double(nominal_batch) / double(batch)), 1);
 }
@@ -74,9 +97,12 @@ std::shared_ptr<const data::Split> load_val_split(const Config& c) {
   return nullptr;
 }
 
-TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir,
+TrainerParts make_trainer_parts(const Config& config, c10::Device device, const std::string& run_dir,
                                 std::shared_ptr<const data::Split> train, std::shared_ptr<const data::Split> val,
                                 std::shared_ptr<dist::Group> group) {
+  // The run's config holds the optimizer auto chose: a resume rebuilds that choice.
+  const Config c = with_chosen_optimizer(config, int64_t(train->samples.size()), int64_t(train->names.size()),
+                                         group ? group->world() : 1);
   TrainerParts p;
   p.options = trainer_options(c, device);
   p.device = device;

@@ -31,34 +31,36 @@ double Schedule::base_lr(int64_t step) const {
   return o_.lr0() * ((1 - x) * (1 - o_.lrf()) + o_.lrf());
 }
 
-GroupRates Schedule::rates(int64_t step, bool is_bias) const {
-  GroupRates r = warmed_up(step, is_bias);
+GroupRates Schedule::rates(int64_t step, bool is_bias, double scale) const {
+  GroupRates r = warmed_up(step, is_bias, scale);
   r.lr /= 1 + o_.inverse_time_decay() * double(step);
   return r;
 }
 
-GroupRates Schedule::warmed_up(int64_t step, bool is_bias) const {
-  if (step >= o_.warmup_steps()) return {base_lr(step), o_.momentum()};
+GroupRates Schedule::warmed_up(int64_t step, bool is_bias, double scale) const {
+  if (step >= o_.warmup_steps()) return {scale * base_lr(step), o_.momentum()};
   const double t = double(step) / double(o_.warmup_steps());
   switch (o_.warmup()) {
     case WarmupKind::linear: {
       const double to = base_lr(o_.warmup_steps());
-      return {o_.warmup_lr() + t * (to - o_.warmup_lr()), o_.momentum()};
+      return {scale * (o_.warmup_lr() + t * (to - o_.warmup_lr())), o_.momentum()};
     }
     case WarmupKind::constant:
-      return {o_.warmup_lr(), o_.momentum()};
+      return {scale * o_.warmup_lr(), o_.momentum()};
     case WarmupKind::ultralytics:
       break;
   }
-  const double lr = base_lr(step), from = is_bias ? o_.warmup_bias_lr() : 0.0;  // np.interp over [0, warmup]
+  // np.interp over [0, warmup] towards the group's initial_lr (Ultralytics: lr0 times its boost)
+  const double lr = scale * base_lr(step), from = is_bias ? o_.warmup_bias_lr() : 0.0;
   return {from + t * (lr - from), o_.warmup_momentum() + t * (o_.momentum() - o_.warmup_momentum())};
 }
 
 void Schedule::apply(Optimizer& optimizer, int64_t step) const {
-  // Adam's beta1 is not warmed up (Ultralytics warms only SGD's momentum).
-  const bool sgd = optimizer.options().kind() == OptimizerKind::sgd;
+  // Adam's beta1 is not warmed up (Ultralytics warms only SGD's and MuSGD's momentum).
+  const OptimizerKind kind = optimizer.options().kind();
+  const bool sgd = kind == OptimizerKind::sgd || kind == OptimizerKind::musgd;
   for (auto& g : optimizer.groups()) {
-    const GroupRates r = rates(step, g.is_bias);
+    const GroupRates r = rates(step, g.is_bias, g.lr_scale);
     g.lr = r.lr;
     g.momentum = sgd ? r.momentum : o_.momentum();
   }

@@ -47,7 +47,8 @@ Trainer::Trainer(TrainerParts parts)
   length_ = run_length(options_, batch(), nb);
   // Ultralytics scales the decay with the images per step relative to the nominal batch.
   const double decay = options_.weight_decay() * double(batch() * options_.world() * length_.accumulate) / double(options_.nominal_batch());
-  optimizer_ = std::make_unique<Optimizer>(parameter_groups(*model_, decay), options_.optimizer());
+  optimizer_ = std::make_unique<Optimizer>(
+      parameter_groups(*model_, decay, options_.optimizer().kind(), musgd_boosted(model_->info())), options_.optimizer());
   std::unordered_map<const void*, std::string> names;
   for (const auto& p : model_->named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
   for (const auto& g : optimizer_->groups())

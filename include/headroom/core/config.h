@@ -163,7 +163,7 @@ struct TrainConfig {
   int nominal_batch = 64;           // images summed per optimizer step (accumulation)
   int epochs = 100;
   int64_t steps = 0;                // optimizer steps; > 0 overrides epochs (TF OD API num_steps)
-  std::string optimizer = "sgd";    // sgd | adam | adamw | rmsprop (TensorFlow's)
+  std::string optimizer = "sgd";    // sgd | adam | adamw | rmsprop (TensorFlow's) | musgd (Ultralytics') | auto
   double lr0 = 0.01;
   double lrf = 0.01;
   double momentum = 0.937;          // SGD and RMSprop momentum, Adam beta1

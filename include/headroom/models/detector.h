@@ -198,6 +198,11 @@ int64_t smallest_trainable_batch(models::DetectorImpl& model, int64_t size);
 
 // The layer table, parameter counts, strides and GFLOPs (trainer model).
 std::string format_model_summary(DetectorImpl& d, int64_t imgsz);
+
+// The head's tensors whose shapes follow the class count (by parameter name): YOLOv8/11's class
+// branch (cv3; its width is max(P3 channels, min(nc, 100))) and YOLO26's one-to-one copy of it,
+// YOLOv5's output convolutions, CenterNet's heatmap head.
+bool in_class_branch(const DetectorInfo& info, const std::string& name);
 Json model_summary_json(DetectorImpl& d, int64_t imgsz);
 
 }  // namespace headroom::models

@@ -1,8 +1,9 @@
 // Optimizers over parameter groups: the fused ATen kernels (_fused_sgd_ / _fused_adam_ /
 // _fused_adamw_, CPU and CUDA) where this LibTorch has them, in-place per-tensor updates
-// otherwise (and for RMSprop, which has no fused kernel). Both are atomic without staging a copy of the model: the fused kernels allocate
+// otherwise (and for RMSprop and MuSGD, which have no fused kernel). Both are atomic without staging a copy of the model: the fused kernels allocate
 // nothing, the in-place path allocates at most one workspace the size of the largest parameter (Adam, RMSprop; SGD none) before it
-// changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
+// changes anything; MuSGD computes all its Muon updates (new buffers and orthogonalised updates, the
+// size of its matrices twice over) before it changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
 // fused path, which is what the loss scaler and the non-finite guard rely on.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,12 @@ namespace headroom::train {
 // builds): ms = rho ms + (1 - rho) g^2; with momentum, buf = momentum buf + lr g / sqrt(ms + eps)
 // and p -= buf (TF's ApplyRMSProp kernel); without, p -= lr g / (sqrt(ms) + eps). Its weight decay
 // is decoupled (p *= 1 - lr wd), as AdamW's; TF adds none.
-enum class OptimizerKind { sgd, adam, adamw, rmsprop };
+// musgd is Ultralytics' MuSGD (YOLO26's optimizer for long runs): the Muon groups' 2-D and 4-D
+// tensors take Muon's update (momentum buf = m buf + (1 - m) g, Nesterov u = m buf + (1 - m) g,
+// orthogonalised by five Newton-Schulz steps in bf16 on the tensor flattened to [out, in * k * k],
+// times sqrt(max(1, size(-2) / size(-1))), at muon_scale * lr) and then SGD's (its own buffer, the
+// decay, Nesterov, at sgd_scale * lr); other groups take SGD's alone.
+enum class OptimizerKind { sgd, adam, adamw, rmsprop, musgd };
 OptimizerKind optimizer_kind_from(const std::string& word);  // train.optimizer
 const char* to_string(OptimizerKind k);
 
@@ -32,6 +39,8 @@ struct OptimizerOptions {
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(bool, nesterov) = true;
   TORCH_ARG(bool, fused) = true;        // use the fused kernels when available
+  TORCH_ARG(double, muon_scale) = 0.2;  // MuSGD: the Muon update's share of lr (Ultralytics' muon=0.2)
+  TORCH_ARG(double, sgd_scale) = 1.0;   // MuSGD: the SGD update's share in Muon groups (sgd=1.0)
 };
 
 // One group: its parameters and hyper-parameters (the schedule sets lr and momentum per step).
@@ -42,11 +51,17 @@ struct ParamGroup {
   double momentum = 0.937;
   double weight_decay = 0;
   bool is_bias = false;              // warmup starts biases at warmup_bias_lr
+  bool muon = false;                 // MuSGD: Muon's update, then SGD's
+  double lr_scale = 1;               // the schedule's rate times this (MuSGD: 3 for the class branch)
 };
 
 // Ultralytics' split: convolution / linear weights with decay; BatchNorm (any 1-D) weights and
-// biases without.
-std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay);
+// biases without. For MuSGD (as Ultralytics' build_optimizer): every 2-D and 4-D tensor in a Muon
+// group with decay, and each group split in two, the `boosted` tensors (the head's class branch)
+// learning at 3x lr.
+using ParamFilter = std::function<bool(const std::string& name)>;
+std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay, OptimizerKind kind = OptimizerKind::sgd,
+                                         const ParamFilter& boosted = {});
 
 class Optimizer {
  public:
@@ -67,7 +82,7 @@ class Optimizer {
 
  private:
   struct State {
-    std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq | RMSprop momentum, ms
+    std::vector<at::Tensor> buf1, buf2;  // SGD momentum | Adam exp_avg, exp_avg_sq | RMSprop momentum, ms | MuSGD Muon's, SGD's (Muon groups)
     at::Tensor step;                     // float [] on the device: optimizer steps taken
   };
   // A group's parameters with a gradient this step, with their state.

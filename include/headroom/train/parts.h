@@ -44,8 +44,19 @@ struct TrainerOptions {
   TORCH_ARG(bool, async_checkpoints) = true;  // CheckpointWriter: a snapshot written by a thread
   TORCH_ARG(int64_t, memory_usable) = 0;    // bytes the run may hold (budget - headroom); 0 = unbounded
 };
-// The train section (and the device's precision) as trainer options.
+// The train section (and the device's precision) as trainer options. train.optimizer must not be
+// auto (with_chosen_optimizer resolves it).
 TrainerOptions trainer_options(const Config& c, c10::Device device);
+
+// `train.optimizer: auto` as Ultralytics' build_optimizer chooses: over 10,000 iterations
+// (ceil(images / max(batch x ranks, nominal_batch)) x epochs, or train.steps) musgd with lr0 0.01,
+// else adamw with lr0 round(0.002 x 5 / (4 + nc), 6); momentum 0.9 and warmup_bias_lr 0 either
+// way, train.lr0 and train.momentum ignored. The config as given for any other optimizer.
+Config with_chosen_optimizer(const Config& c, int64_t images, int64_t nc, int64_t world);
+
+// The parameters Ultralytics' MuSGD trains at 3x lr: a Detect head's class branch (cv3 and
+// one2one_cv3: YOLOv8, YOLO11, YOLO26); none for other heads.
+ParamFilter musgd_boosted(const models::DetectorInfo& info);
 
 // How long a run is, from its options and the loader's batches per epoch.
 struct RunLength {

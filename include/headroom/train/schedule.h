@@ -66,13 +66,14 @@ class Schedule {
   double base_lr(int64_t step) const;
   // The step the decay starts from: lr0 until then (hold_steps, after an OD API warmup).
   int64_t decay_start() const;
-  GroupRates rates(int64_t step, bool is_bias) const;  // with warmup and inverse_time_decay
+  // With warmup and inverse_time_decay; `scale`: the group's lr_scale (its warmup rises to scale x lr).
+  GroupRates rates(int64_t step, bool is_bias, double scale = 1) const;
   // Sets lr and momentum of every group for the step about to run.
   void apply(Optimizer& optimizer, int64_t step) const;
   const ScheduleOptions& options() const { return o_; }
 
  private:
-  GroupRates warmed_up(int64_t step, bool is_bias) const;  // base_lr with the warmup
+  GroupRates warmed_up(int64_t step, bool is_bias, double scale) const;  // base_lr with the warmup
   ScheduleOptions o_;
 };
 
