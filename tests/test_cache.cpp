@@ -119,11 +119,35 @@ TEST(Cache, RamCacheIsRefusedWhenMemoryIsShort) {
   EXPECT_EQ(DecodedCache::open(*split, o), nullptr);
 }
 
-TEST(Cache, KeyDependsOnFilesAndCanvas) {
+TEST(Cache, KeyDependsOnFilesCanvasAndPreprocessing) {
   const auto split = scan_train(test::small_synth());
   EXPECT_EQ(cache_key(*split, 64), cache_key(*split, 64));
   EXPECT_NE(cache_key(*split, 64), cache_key(*split, 96));
+  EXPECT_NE(cache_key(*split, 64), cache_key(*split, 64, Preprocess::source));
   Split fewer = *split;
   fewer.samples.pop_back();
   EXPECT_NE(cache_key(fewer, 64), cache_key(*split, 64));
+  // Source-prepared canvases have a shard of their own: val with imported weights and training
+  // on the same split do not rebuild each other's.
+  const std::string fast = default_shard_path(split->source, 64), source = default_shard_path(split->source, 64, Preprocess::source);
+  EXPECT_NE(fast, source);
+  EXPECT_NE(source.find(".64.source.hrcache"), std::string::npos) << source;
+}
+
+// The source path decodes a JPEG at full scale and resizes it bilinearly, as cv2.imread and
+// cv2.resize(INTER_LINEAR) do; the fast path decodes a large JPEG at a reduced DCT scale.
+TEST(Cache, SourcePreprocessingIsAFullDecodeAndABilinearResize) {
+  const auto split = scan_train(test::small_synth());
+  const Sample& s = split->samples.front();
+  const int canvas = 16;  // a quarter of the 64-px image or less: the fast path decodes at 1/4
+  const Letterbox g = letterbox_geometry(s.width, s.height, canvas);
+  std::vector<uint8_t> fast(size_t(3) * canvas * canvas), source(fast.size()), want(fast.size());
+  decode_into_canvas(s, g, 1 << 30, fast.data());
+  decode_into_canvas(s, g, 1 << 30, source.data(), Preprocess::source);
+  const std::string bytes = test::read_bytes(s.image);
+  const Image full = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 1 << 30);
+  EXPECT_EQ(full.width, s.width);
+  letterbox_to_chw(full, g, want.data(), Preprocess::source);
+  EXPECT_EQ(source, want);
+  EXPECT_NE(source, fast);
 }

@@ -1,7 +1,11 @@
 // The trainer binary end to end: exit codes, messages, JSON output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <filesystem>
+#include <vector>
 
 #include "headroom/core/json.h"
 #include "test_util.h"
@@ -207,6 +211,74 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   r = test::run_trainer("predict --weights " + dir + "/runs/ft/weights/last.safetensors --source " + images + " --save-dir " + dir +
                         "/pred2 device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+namespace {
+// Ultralytics' detections not matched one to one by predict's (same class, IoU >= 0.9, scores
+// within 0.02), and predict's not matched by Ultralytics', over every image.
+int unmatched_detections(const Json& ours, const Json& theirs, int* total) {
+  const auto iou = [](const std::array<double, 4>& a, const std::array<double, 4>& b) {
+    const double w = std::max(0.0, std::min(a[2], b[2]) - std::max(a[0], b[0]));
+    const double h = std::max(0.0, std::min(a[3], b[3]) - std::max(a[1], b[1]));
+    const double inter = w * h;
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter);
+  };
+  int unmatched = 0;
+  *total = 0;
+  for (const Json& image : ours.items()) {
+    struct Row {
+      std::array<double, 4> box;
+      double score;
+      int cls;
+    };
+    std::vector<Row> mine, want;
+    for (const Json& d : image.find("detections")->items()) {
+      const auto& b = d.find("box")->items();
+      mine.push_back({{b[0].as_number(), b[1].as_number(), b[2].as_number(), b[3].as_number()}, d.find("score")->as_number(),
+                      int(d.find("class")->as_number())});
+    }
+    const std::string name = fs::path(image.find("image")->as_string()).filename().string();
+    for (const Json& d : theirs.find(name)->find("detections")->items()) {
+      const auto& v = d.items();
+      want.push_back({{v[0].as_number(), v[1].as_number(), v[2].as_number(), v[3].as_number()}, v[4].as_number(), int(v[5].as_number())});
+    }
+    *total += int(want.size());
+    std::vector<bool> used(mine.size(), false);
+    for (const Row& w : want) {
+      bool found = false;
+      for (size_t i = 0; i < mine.size() && !found; ++i)
+        if (!used[i] && mine[i].cls == w.cls && std::abs(mine[i].score - w.score) <= 0.02 && iou(mine[i].box, w.box) >= 0.9)
+          used[i] = found = true;
+      unmatched += !found;
+    }
+    unmatched += int(std::count(used.begin(), used.end(), false));
+  }
+  return unmatched;
+}
+}  // namespace
+
+// `trainer predict` with weights Ultralytics trained, on JPEGs of 241-400 px at imgsz 320, gives
+// the detections Ultralytics' predictor gives (scripts/make_jpeg_predict_fixture.py): for such
+// weights eval.preprocess auto decodes at full scale and resizes bilinearly, as its predictor
+// does. Headroom's fast path (a DCT-scaled decode, area interpolation) is measured beside it.
+TEST(Cli, PredictOnJpegsGivesUltralyticsDetections) {
+  const std::string fixtures = std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/predict/";
+  const Json theirs = read_json_file(fixtures + "ultralytics_predictions.json");
+  const std::string dir = test::temp_dir("cli-jpeg");
+  int counts[2] = {0, 0}, total = 0;
+  for (int fast = 0; fast < 2; ++fast) {
+    const std::string out = dir + (fast ? "/fast" : "/auto");
+    test::RunResult r = test::run_trainer("predict --weights " + fixtures + "ul_yolov8t_shapes.pt --source " + fixtures +
+                                          "images --conf 0.25 --save-dir " + out + " data.imgsz=320 device=cpu" +
+                                          (fast ? " eval.preprocess=fast" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("full-scale decoding") != std::string::npos, !fast) << r.output;
+    counts[fast] = unmatched_detections(read_json_file(out + "/predictions.json"), theirs, &total);
+  }
+  printf("predict on JPEGs against Ultralytics' %d detections: %d unmatched (eval.preprocess auto), %d (fast)\n", total,
+         counts[0], counts[1]);
+  EXPECT_GE(total, 30);
+  EXPECT_EQ(counts[0], 0);
 }
 
 // `make install PREFIX=...`: the installed trainer, run from an empty folder, finds the model

@@ -45,7 +45,8 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (split->names.size() != size_t(w.model->info().nc))
       throw InputError(weights + ": the model has " + std::to_string(w.model->info().nc) + " classes but " + c.data.dataset +
                        " has " + std::to_string(split->names.size()) + "; validate on the data set it was trained for");
-    const eval::ValidationResult r = eval::validate(*w.model, split, eval::validate_options(c, *split, w.model->info(), device));
+    const eval::ValidationResult r = eval::validate(
+        *w.model, split, eval::validate_options(c, *split, w.model->info(), device, eval::input_preprocess(c, w.info.framework)));
     if (!save_json.empty()) {
       write_file_atomic(save_json, eval::coco_results_json(r.detections).dump());
       std::string note = save_json;

@@ -451,6 +451,13 @@ std::vector<ConfigKey> build_schema() {
       bool_key("eval.agnostic", [](Config& c) -> bool& { return c.eval.agnostic; }, "Class-agnostic NMS."),
       int_key<int64_t>("eval.topk", [](Config& c) -> int64_t& { return c.eval.topk; }, 1, 10000,
                        "CenterNet: heatmap peaks kept per image."),
+      choice_key("eval.preprocess", [](Config& c) -> std::string& { return c.eval.preprocess; }, {"auto", "fast", "source"},
+                 "How `val` and `predict` turn images into the model's input. fast: JPEGs decoded at the smallest "
+                 "libjpeg-turbo scale still as large as the canvas, area interpolation when shrinking (the training "
+                 "path). source: full-scale decoding and a bilinear resize, as Ultralytics' predictor and validator, "
+                 "YOLOv5's detect.py and the TF OD API prepare inputs. auto: source for weights made by another "
+                 "framework (an Ultralytics .pt, a TF checkpoint), fast for Headroom's own. Validation during "
+                 "training takes the fast path."),
       // log
       string_key("log.level", [](Config& c) -> std::string& { return c.log.level; },
                  "trace | debug | info | warn | error",

@@ -22,8 +22,8 @@ namespace headroom::data {
 
 namespace fs = std::filesystem;
 
-std::string default_shard_path(const SplitSource& source, int canvas) {
-  const std::string suffix = "." + std::to_string(canvas) + ".hrcache";
+std::string default_shard_path(const SplitSource& source, int canvas, Preprocess p) {
+  const std::string suffix = "." + std::to_string(canvas) + (p == Preprocess::source ? ".source" : "") + ".hrcache";
   fs::path anchor = source.format == SplitSource::Format::coco ? fs::path(source.annotations)
                                                                 : fs::path(source.images.front());
   anchor = anchor.lexically_normal();
@@ -79,10 +79,11 @@ bool same_geometry(const ShardEntry& e, const Letterbox& g) {
 
 }  // namespace
 
-uint64_t cache_key(const Split& split, int canvas) {
+uint64_t cache_key(const Split& split, int canvas, Preprocess p) {
   uint64_t h = 0xCBF29CE484222325ull;
   fnv_value(h, kVersion);
   fnv_value(h, canvas);
+  if (p != Preprocess::fast) fnv_value(h, static_cast<int>(p));  // fast shards keep their key
   for (const Sample& s : split.samples) {
     struct stat st {};
     ::stat(s.image.c_str(), &st);
@@ -115,7 +116,7 @@ void DecodedCache::decode_all(const Split& split, const CacheOptions& o,
     thread_local std::vector<uint8_t> slot;
     slot.resize(slot_bytes_);
     try {
-      decode_into_canvas(split.samples[size_t(i)], geometry_[size_t(i)], o.max_pixels, slot.data());
+      decode_into_canvas(split.samples[size_t(i)], geometry_[size_t(i)], o.max_pixels, slot.data(), o.preprocess);
     } catch (const ImageError& e) {
       spdlog::warn("{} (not cached; the loader will skip it)", e.what());
       decoded_[size_t(i)] = 0;
@@ -150,7 +151,7 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
   }
 
   const std::string path = o.shard_path;
-  const uint64_t key = cache_key(split, o.canvas);
+  const uint64_t key = cache_key(split, o.canvas, o.preprocess);
   if (c->load_shard(path, key)) return c;
   if (!c->write_shard(path, split, o, key) || !c->map_shard(path)) return nullptr;
   c->rebuilt_ = true;

@@ -22,7 +22,14 @@ Letterbox letterbox_geometry(int width, int height, int canvas) {
   return g;
 }
 
-void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw) {
+namespace {
+const std::pair<const char*, Preprocess> kPreprocess[] = {{"fast", Preprocess::fast}, {"source", Preprocess::source}};
+}  // namespace
+
+Preprocess preprocess_from(const std::string& word) { return enum_from_word(word, kPreprocess); }
+const char* to_string(Preprocess p) { return enum_word(p, kPreprocess); }
+
+void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw, Preprocess p) {
   const size_t plane = size_t(g.canvas) * g.canvas;
   std::memset(chw, kPadValue, 3 * plane);
   cv::Mat src(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels.data()));
@@ -30,9 +37,10 @@ void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw) {
   if (image.width == g.resized_w && image.height == g.resized_h) {
     resized = src;
   } else {
-    // INTER_AREA when shrinking (no aliasing), bilinear when enlarging, as Ultralytics does.
+    // fast: INTER_AREA when shrinking (no aliasing from a DCT-scaled decode), bilinear when enlarging.
     const bool shrink = image.width > g.resized_w || image.height > g.resized_h;
-    cv::resize(src, resized, cv::Size(g.resized_w, g.resized_h), 0, 0, shrink ? cv::INTER_AREA : cv::INTER_LINEAR);
+    const bool area = p == Preprocess::fast && shrink;
+    cv::resize(src, resized, cv::Size(g.resized_w, g.resized_h), 0, 0, area ? cv::INTER_AREA : cv::INTER_LINEAR);
   }
   // Split straight into the canvas planes: each output Mat is a window of its plane.
   std::vector<cv::Mat> planes;
@@ -63,7 +71,7 @@ std::atomic<int64_t> g_decoded{0};
 
 int64_t canvases_decoded() { return g_decoded.load(); }
 
-void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw) {
+void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw, Preprocess p) {
   ++g_decoded;
   std::string bytes;
   try {
@@ -73,9 +81,10 @@ void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels,
                      " (removed, changed or made unreadable after the data set was scanned)");
   }
   try {
+    const bool full = p == Preprocess::source;
     const Image img = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), max_pixels,
-                                   g.resized_w, g.resized_h);
-    letterbox_to_chw(img, g, chw);
+                                   full ? 0 : g.resized_w, full ? 0 : g.resized_h);
+    letterbox_to_chw(img, g, chw, p);
   } catch (const ImageError& e) {
     throw ImageError(s.image + ": " + e.what());
   }

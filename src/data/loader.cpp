@@ -18,7 +18,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory) {
+LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory, Preprocess preprocess) {
   return LoaderOptions()
       .batch(c.train.batch)
       .imgsz(c.data.imgsz)
@@ -30,7 +30,8 @@ LoaderOptions loader_options(const Config& c, const Split& split, bool training,
       .max_pixels(c.data.max_pixels)
       .on_error(on_error_from(c.data.on_error))
       .cache(cache_mode_from(c.data.cache))
-      .shard_path(default_shard_path(split.source, c.data.imgsz));
+      .preprocess(preprocess)
+      .shard_path(default_shard_path(split.source, c.data.imgsz, preprocess));
 }
 
 std::vector<int64_t> Loader::epoch_order(int64_t n, int64_t seed, int64_t epoch, bool shuffle) {
@@ -50,7 +51,8 @@ std::shared_ptr<const DecodedCache> open_cache(const Split& split, const LoaderO
   co.canvas = o.imgsz();
   co.threads = std::max(1, o.workers());
   co.max_pixels = o.max_pixels();
-  co.shard_path = o.shard_path().empty() ? default_shard_path(split.source, o.imgsz()) : o.shard_path();
+  co.preprocess = o.preprocess();
+  co.shard_path = o.shard_path().empty() ? default_shard_path(split.source, o.imgsz(), o.preprocess()) : o.shard_path();
   return DecodedCache::open(split, co);
 }
 
@@ -170,7 +172,7 @@ void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
         p.boxes[size_t(slot)] = cache_->boxes(idx);
       } else {
         g = letterbox_geometry(s.width, s.height, options_.imgsz());
-        decode_into_canvas(s, g, options_.max_pixels(), dst);
+        decode_into_canvas(s, g, options_.max_pixels(), dst, options_.preprocess());
         p.boxes[size_t(slot)] = boxes_in_canvas(s, g);
       }
       p.batch.meta[size_t(slot)] = ImageMeta{idx, g};

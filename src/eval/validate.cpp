@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 
 namespace headroom::eval {
@@ -14,9 +15,10 @@ at::Tensor model_input(const at::Tensor& images, c10::Device device) {
   return images.to(device, /*non_blocking=*/true).to(at::kFloat).div_(255.0);
 }
 
-ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device) {
+ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device,
+                                 data::Preprocess preprocess) {
   ValidateOptions o;
-  o.loader = data::loader_options(c, split, /*training=*/false, device.is_cuda());
+  o.loader = data::loader_options(c, split, /*training=*/false, device.is_cuda(), preprocess);
   o.decode.nms.conf = c.eval.conf;
   o.decode.nms.iou = c.eval.iou;
   o.decode.nms.max_det = c.eval.max_det;
@@ -25,6 +27,15 @@ ValidateOptions validate_options(const Config& c, const data::Split& split, cons
   o.decode.topk = c.eval.topk;
   o.device = device;
   return o;
+}
+
+data::Preprocess input_preprocess(const Config& c, const std::string& framework) {
+  const data::Preprocess p = c.eval.preprocess == "auto" ? (framework.empty() ? data::Preprocess::fast : data::Preprocess::source)
+                                                         : data::preprocess_from(c.eval.preprocess);
+  if (p == data::Preprocess::source)
+    spdlog::info("input as {} prepares it: full-scale decoding, bilinear resize (eval.preprocess {}; fast is quicker on large JPEGs)",
+                 framework.empty() ? "the weights' framework" : framework, c.eval.preprocess);
+  return p;
 }
 
 namespace {

@@ -32,7 +32,7 @@ class Yolov8Loss : public DetectionLoss {
   // assigner's scores depend on the predictions).
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& feats = outputs.at(branch_);
-    const int64_t R = info_.reg_max, B = feats[0].size(0);
+    const int64_t R = info_.reg_max;
     auto [pred_dist, pred_scores] = models::split_yolov8(feats, R);                 // [B, A, 4R], [B, A, nc]
     const models::AnchorGrid grid = models::make_anchor_grid(feats, info_.strides, 0.5);     // grid units
     const at::Tensor pred_boxes = models::dist_to_bbox(models::dfl_expectation(pred_dist.to(at::kFloat), R), grid.points);  // grid units

@@ -154,6 +154,7 @@ struct EvalConfig {
   int64_t max_det = 300;            // detections kept per image
   bool agnostic = false;            // one NMS across classes
   int64_t topk = 100;               // CenterNet peaks per image
+  std::string preprocess = "auto";  // val / predict input: auto | fast | source (data/letterbox.h)
 };
 
 // Defaults are Ultralytics' (SGD, lr0 0.01, lrf 0.01, momentum 0.937, warmup 3 epochs).

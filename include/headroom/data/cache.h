@@ -11,6 +11,7 @@
 
 #include "headroom/data/batch.h"
 #include "headroom/data/dataset.h"
+#include "headroom/data/letterbox.h"
 
 namespace headroom::data {
 
@@ -19,14 +20,16 @@ struct CacheOptions {
   int canvas = 640;
   int threads = 1;
   int64_t max_pixels = 89478485;
+  Preprocess preprocess = Preprocess::fast;
   std::string shard_path;  // disk mode; default_shard_path() when empty
 };
 
-// Where a split's shard lives: beside its image folder, list, or COCO JSON.
-std::string default_shard_path(const SplitSource& source, int canvas);
+// Where a split's shard lives: beside its image folder, list, or COCO JSON (a source-preprocessed
+// shard has its own file).
+std::string default_shard_path(const SplitSource& source, int canvas, Preprocess p = Preprocess::fast);
 
 // Hash of everything a shard depends on.
-uint64_t cache_key(const Split& split, int canvas);
+uint64_t cache_key(const Split& split, int canvas, Preprocess p = Preprocess::fast);
 
 class DecodedCache {
  public:

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "headroom/data/dataset.h"
@@ -12,6 +13,15 @@
 namespace headroom::data {
 
 constexpr uint8_t kPadValue = 114;
+
+// How an image becomes its canvas. fast: a JPEG decoded at the smallest libjpeg-turbo scale still
+// at least the canvas size, area interpolation when shrinking (the training path: a 4000-px photo
+// decodes at 1/4). source: decoded at full scale and resized bilinearly, as the frameworks the
+// weights come from prepare inputs at inference (Ultralytics' predictor and validator, YOLOv5's
+// detect.py: cv2.imread and cv2.INTER_LINEAR; the TF OD API's resizer: a bilinear resize).
+enum class Preprocess { fast, source };
+Preprocess preprocess_from(const std::string& word);  // "fast" | "source"
+const char* to_string(Preprocess p);
 
 struct Letterbox {
   int orig_w = 0, orig_h = 0;        // upright original image
@@ -24,7 +34,7 @@ Letterbox letterbox_geometry(int width, int height, int canvas);
 
 // Resizes `image` (any size: a scaled JPEG decode is fine) to the geometry's resized size and
 // writes it into `chw` = uint8 [3, canvas, canvas] (RGB planes), padding with kPadValue.
-void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw);
+void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw, Preprocess p = Preprocess::fast);
 
 // Normalised original-image box -> canvas pixels, xyxy.
 std::array<float, 4> box_to_canvas(const Box& b, const Letterbox& g);
@@ -37,9 +47,9 @@ struct ItemBoxes {
 };
 ItemBoxes boxes_in_canvas(const Sample& s, const Letterbox& g);
 
-// Reads, decodes (JPEG at the smallest sufficient DCT scale) and letterboxes one sample into
+// Reads, decodes (fast: JPEG at the smallest sufficient DCT scale) and letterboxes one sample into
 // `chw` = [3, canvas, canvas]. Throws ImageError naming the file.
-void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw);
+void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels, uint8_t* chw, Preprocess p = Preprocess::fast);
 // How many images decode_into_canvas has decoded in this process (loaders and caches together).
 int64_t canvases_decoded();
 

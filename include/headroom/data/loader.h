@@ -45,11 +45,13 @@ struct LoaderOptions {
   TORCH_ARG(OnError, on_error) = OnError::skip;
   TORCH_ARG(CacheMode, cache) = CacheMode::none;
   TORCH_ARG(std::string, shard_path) = "";  // disk cache file; beside the data when empty
+  TORCH_ARG(Preprocess, preprocess) = Preprocess::fast;  // how images become canvases
 };
 
 // Config -> loader options, in one place. `training` shuffles; `pin_memory` when the run's
-// device is CUDA.
-LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory);
+// device is CUDA; `preprocess`: how images become canvases (and which disk shard holds them).
+LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory,
+                             Preprocess preprocess = Preprocess::fast);
 
 // The decoded cache the options ask for (null for none, or when it cannot be made: the cache
 // says why); a Loader opens it itself unless it is given one.

@@ -27,7 +27,12 @@ struct ValidateOptions {
 
 // Config -> options: the eval section, the loader without shuffling; YOLO keeps every class
 // above eval.conf per box (multi-label), as Ultralytics validates.
-ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device);
+ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device,
+                                 data::Preprocess preprocess = data::Preprocess::fast);
+
+// eval.preprocess for weights made by `framework` (WeightsInfo::framework; empty for Headroom's
+// own): auto is that framework's way for imported weights, the fast path for Headroom's. Logs it.
+data::Preprocess input_preprocess(const Config& c, const std::string& framework);
 
 struct ValidationResult {
   CocoStats stats;

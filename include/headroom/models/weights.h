@@ -16,6 +16,7 @@ namespace headroom::models {
 struct WeightsInfo {
   std::vector<std::string> names;  // class names, index = class id
   std::vector<int> category_ids;   // COCO category id per class (empty for YOLO data)
+  std::string framework;           // what made imported weights ("Ultralytics 8.4.190 DetectionModel"); empty: Headroom
 };
 
 void save_weights(DetectorImpl& model, const WeightsInfo& info, const std::string& path);
