@@ -10,6 +10,7 @@
 #include "headroom/core/device.h"
 #include "headroom/data/cache.h"
 #include "headroom/data/loader.h"
+#include <opencv2/imgproc.hpp>
 #include "test_util.h"
 
 using namespace headroom;
@@ -146,8 +147,15 @@ TEST(Cache, SourcePreprocessingIsAFullDecodeAndABilinearResize) {
   decode_into_canvas(s, g, 1 << 30, source.data(), Preprocess::source);
   const std::string bytes = test::read_bytes(s.image);
   const Image full = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 1 << 30);
-  EXPECT_EQ(full.width, s.width);
-  letterbox_to_chw(full, g, want.data(), Preprocess::source);
+  ASSERT_EQ(full.width, s.width);
+  cv::Mat resized;
+  cv::resize(cv::Mat(full.height, full.width, CV_8UC3, const_cast<uint8_t*>(full.pixels.data())), resized,
+             cv::Size(g.resized_w, g.resized_h), 0, 0, cv::INTER_LINEAR);
+  std::fill(want.begin(), want.end(), kPadValue);
+  for (int y = 0; y < g.resized_h; ++y)
+    for (int x = 0; x < g.resized_w; ++x)
+      for (int c = 0; c < 3; ++c)
+        want[size_t(c) * canvas * canvas + size_t(y + g.pad_y) * canvas + size_t(x + g.pad_x)] = resized.at<cv::Vec3b>(y, x)[c];
   EXPECT_EQ(source, want);
   EXPECT_NE(source, fast);
 }

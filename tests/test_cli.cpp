@@ -186,6 +186,7 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   const std::string images = (fs::path(test::small_synth()).parent_path() / "images" / "val").string();
   r = test::run_trainer("predict --weights " + pt + " --source " + images + " --conf 0 --save-dir " + dir + "/pred device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("full-scale decoding"), std::string::npos) << r.output;  // eval.preprocess auto: Ultralytics' way
 
   // val on a 3-class set: the file's own 3 classes and names
   r = test::run_trainer("data synth --out " + dir + "/three --images 8 --size 64 --classes 3 --seed 2");
@@ -211,6 +212,7 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   r = test::run_trainer("predict --weights " + dir + "/runs/ft/weights/last.safetensors --source " + images + " --save-dir " + dir +
                         "/pred2 device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("full-scale decoding"), std::string::npos) << "Headroom's own weights take its fast path\n" << r.output;
 }
 
 namespace {
@@ -279,6 +281,7 @@ TEST(Cli, PredictOnJpegsGivesUltralyticsDetections) {
          counts[0], counts[1]);
   EXPECT_GE(total, 30);
   EXPECT_EQ(counts[0], 0);
+  EXPECT_GT(counts[1], counts[0]) << "the fixture no longer tells the two paths apart";
 }
 
 // `make install PREFIX=...`: the installed trainer, run from an empty folder, finds the model

@@ -597,13 +597,22 @@ TEST(Train, AutoOptimizerChoosesAsUltralytics) {
   const Config many = train::with_chosen_optimizer(c, 26, 4, 1);
   EXPECT_EQ(many.train.optimizer, "musgd");
   EXPECT_DOUBLE_EQ(many.train.lr0, 0.01);
+  // Ultralytics' warmup leaves MuSGD's momentum at train.momentum; without warmup it stays 0.9.
+  EXPECT_DOUBLE_EQ(many.train.momentum, 0.5);
+  c.train.warmup_epochs = 0;
+  EXPECT_DOUBLE_EQ(train::with_chosen_optimizer(c, 26, 4, 1).train.momentum, 0.9);
   c.train.epochs = 1, c.train.steps = 20000;  // train.steps counts directly
   EXPECT_EQ(train::with_chosen_optimizer(c, 26, 4, 1).train.optimizer, "musgd");
   // In a run: the trainer's optimizer and the config its checkpoints carry.
-  const Config run_config = load_config("", tiny_run({"train.optimizer=auto", "train.steps=1", "train.val_every=0"}));
-  cli::Run run = run_for(run_config, test::temp_dir("auto-optimizer"));
+  const std::string dir = test::temp_dir("auto-optimizer");
+  const Config run_config =
+      load_config("", tiny_run({"train.optimizer=auto", "train.steps=1", "train.val_every=0", "project=" + dir, "name=auto"}));
+  cli::RunOptions o;
+  cli::Run run = cli::build_run(run_config, c10::Device(c10::kCPU), o);
   EXPECT_EQ(run.trainer->optimizer().options().kind(), train::OptimizerKind::adamw);
   EXPECT_NE(run.trainer->options().config_yaml().find("optimizer: adamw"), std::string::npos) << run.trainer->options().config_yaml();
+  const std::string recorded = test::read_bytes(dir + "/auto/config.yaml");  // the run folder's
+  EXPECT_NE(recorded.find("optimizer: adamw"), std::string::npos) << recorded;
 }
 
 #ifdef HEADROOM_WITH_CUDA

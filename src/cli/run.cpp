@@ -52,6 +52,9 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
     train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     val_split = train::load_val_split(c);
   }
+  // Before the prober builds the run's optimizer and the run folder records the config.
+  c = train::with_chosen_optimizer(c, int64_t(train_split->samples.size()), int64_t(train_split->names.size()),
+                                   o.group ? o.group->world() : 1);
   std::shared_ptr<memory::RecomputePlanner> planner;
   int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
   if (c.train.batch_auto) {

@@ -288,7 +288,7 @@ std::vector<ConfigKey> build_schema() {
                  "weight decay decoupled. musgd is Ultralytics' MuSGD (YOLO26's): 2-D and 4-D tensors take Muon's "
                  "orthogonalised update at 0.2 lr plus SGD's, the rest SGD's, a Detect head's class branch at 3x lr. "
                  "auto chooses as Ultralytics: musgd with lr0 0.01 over 10,000 iterations, else adamw with lr0 "
-                 "0.002 * 5 / (4 + nc); momentum 0.9, warmup_bias_lr 0.",
+                 "0.002 * 5 / (4 + nc) and beta1 0.9; warmup_bias_lr 0.",
                  {{"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}, {"MuSGD", "musgd"}}),
       double_key("train.lr0", [](Config& c) -> double& { return c.train.lr0; }, 0, 10, "Initial learning rate."),
       double_key("train.lrf", [](Config& c) -> double& { return c.train.lrf; }, 0, 1,

@@ -516,7 +516,7 @@ LoadedWeights load_any_weights(const std::string& path, c10::Device device) {
   import_weights(*out.model, w, /*new_head=*/false);
   out.model->to(device);
   out.info.names = w.names;
-  out.info.framework = w.source;
+  out.info.framework = w.naming == Naming::headroom ? "" : w.source;  // Headroom's own safetensors: its own path
   for (int64_t i = int64_t(out.info.names.size()); i < out.model->info().nc; ++i) out.info.names.push_back("class" + std::to_string(i));
   return out;
 }

@@ -260,7 +260,8 @@ class LogHook : public Hook {
     // The step's memory as the memory governor sees it: allocated / reserved after the step,
     // and the highest step peak since the last line.
     const std::optional<MemoryStats>& m = t.step_memory();
-    text += fmt::format(" lr {:.3g} mem {} data {:.0f}% eta {}", t.optimizer().groups().front().lr,
+    const ParamGroup& g = t.optimizer().groups().front();  // the schedule's rate: MuSGD's 3x group divided back
+    text += fmt::format(" lr {:.3g} mem {} data {:.0f}% eta {}", g.lr / g.lr_scale,
                         m ? human_bytes(m->allocated) + "/" + human_bytes(m->reserved) + "/" + human_bytes(window_peak_) : std::string("-"),
                         100 * t.data_wait_seconds() / std::max(seconds, 1e-9), human_seconds(eta));
     if (c.skipped_steps > 0) text += fmt::format(" skipped {}", int64_t(c.skipped_steps));

@@ -61,11 +61,14 @@ Config with_chosen_optimizer(const Config& c, int64_t images, int64_t nc, int64_
   const bool musgd = iterations > 10000;
   t.optimizer = musgd ? "musgd" : "adamw";
   t.lr0 = musgd ? 0.01 : std::round(0.002 * 5 / double(4 + nc) * 1e6) / 1e6;
-  t.momentum = 0.9;
+  // Ultralytics builds both with momentum 0.9, and its warmup then moves MuSGD's (not AdamW's
+  // betas) from warmup_momentum to train.momentum, where it stays.
+  const bool warmup = t.warmup_steps > 0 || t.warmup_epochs > 0;
+  if (!musgd || !warmup) t.momentum = 0.9;
   t.warmup_bias_lr = 0;
-  spdlog::info("train.optimizer auto: {} iterations {} 10000, so {} with lr0 {} and momentum 0.9, biases warmed up from 0 "
-               "(Ultralytics' choice; train.lr0, train.momentum and train.warmup_bias_lr are set by it)",
-               iterations, musgd ? ">" : "<=", t.optimizer, t.lr0);
+  spdlog::info("train.optimizer auto: {} iterations {} 10000, so {} with lr0 {} and momentum {}, biases warmed up from 0 "
+               "(Ultralytics' choice; it sets train.lr0{} and train.warmup_bias_lr)",
+               iterations, musgd ? ">" : "<=", t.optimizer, t.lr0, t.momentum, musgd && warmup ? "" : ", train.momentum");
   return out;
 }
 

@@ -50,8 +50,9 @@ TrainerOptions trainer_options(const Config& c, c10::Device device);
 
 // `train.optimizer: auto` as Ultralytics' build_optimizer chooses: over 10,000 iterations
 // (ceil(images / max(batch x ranks, nominal_batch)) x epochs, or train.steps) musgd with lr0 0.01,
-// else adamw with lr0 round(0.002 x 5 / (4 + nc), 6); momentum 0.9 and warmup_bias_lr 0 either
-// way, train.lr0 and train.momentum ignored. The config as given for any other optimizer.
+// else adamw with lr0 round(0.002 x 5 / (4 + nc), 6) and momentum (beta1) 0.9; warmup_bias_lr 0
+// either way. musgd's momentum is 0.9 without warmup, else warmed up to train.momentum as
+// Ultralytics' warmup leaves it. The config as given for any other optimizer.
 Config with_chosen_optimizer(const Config& c, int64_t images, int64_t nc, int64_t world);
 
 // The parameters Ultralytics' MuSGD trains at 3x lr: a Detect head's class branch (cv3 and
