@@ -12,6 +12,11 @@ What it makes (all in tests/fixtures/interop/, nc=3 everywhere, fixed seed 0):
   ul_yolo11t.pt      the same from cfg/models/11/yolo11.yaml with only  t: [0.50, 0.125, 1024]
                      (C2PSA then has 128 channels -> c=64 -> 1 attention head)
   ul_yolov5tu.pt     the same from the anchor-free cfg/models/v5/yolov5.yaml with  t: [0.33, 0.125, 1024]
+  ul_yolo12t.pt      the same from cfg/models/12/yolo12.yaml with  t: [0.50, 0.25, 512] (A2C2f asserts hidden channels
+                     in multiples of 32, attention or not, so 0.125 cannot build it), row 6 given the residual
+                     (gamma) and mlp_ratio 1.2 that scales l and x get: two area-attention
+                     heads in 4 areas at P4 and two over the whole map at P5; its reference also holds
+                     input_wide [1,3,96,64] (the formula below) and raw0..2_wide_f64, where P4's areas cross rows
   ul_yolo26t.pt      the same from cfg/models/26/yolo26.yaml with  t: [0.50, 0.125, 1024] (end2end, reg_max 1);
                      its reference also holds the one-to-one branch: o2o_raw0..2 (and _f64), o2o_boxes, o2o_scores, and
                      `decoded` is the end-to-end output [B, min(300, A), 6] (x1, y1, x2, y2, score, class) with
@@ -89,7 +94,7 @@ font check is satisfied with matplotlib's DejaVuSans copied into a private YOLOV
 gives files with the same tensors (training is seeded and deterministic on CPU) but different dates and
 paths inside the pickled metadata. The whole run takes well under a minute on one CPU thread.
 
-Sizes: the .pt files are 1.0-2.0 MB and the CenterNet .pth files 3.3 MB each (755k fp32 parameters);
+Sizes: the .pt files are 1.0-2.0 MB (ul_yolo12t 3.4 MB) and the CenterNet .pth files 3.3 MB each (755k fp32 parameters);
 the widths above were kept as specified (they fix e.g. the single C2PSA head) rather than shrunk.
 """
 
@@ -119,9 +124,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------------------------- helpers
-def fixed_input(size: int) -> torch.Tensor:
-    """X[b,c,h,w] = ((b*7 + c*3 + h*5 + w*11) % 97) / 96.0, float32, shape [2,3,size,size]."""
-    b, c, h, w = torch.meshgrid(torch.arange(2), torch.arange(3), torch.arange(size), torch.arange(size), indexing="ij")
+def fixed_input(size: int, width: int | None = None, batch: int = 2) -> torch.Tensor:
+    """X[b,c,h,w] = ((b*7 + c*3 + h*5 + w*11) % 97) / 96.0, float32, shape [batch,3,size,width or size]."""
+    b, c, h, w = torch.meshgrid(torch.arange(batch), torch.arange(3), torch.arange(size), torch.arange(width or size),
+                                indexing="ij")
     return (((b * 7 + c * 3 + h * 5 + w * 11) % 97).to(torch.float32) / 96.0).contiguous()
 
 
@@ -282,7 +288,11 @@ UL_MODELS = [  # fixture name, shipped yaml (relative to ultralytics/cfg/models)
     ("ul_yolo11t", "11/yolo11.yaml", "yolo11t.yaml", "[0.50, 0.125, 1024]"),
     ("ul_yolov5tu", "v5/yolov5.yaml", "yolov5t.yaml", "[0.33, 0.125, 1024]"),
     ("ul_yolo26t", "26/yolo26.yaml", "yolo26t.yaml", "[0.50, 0.125, 1024]"),
+    ("ul_yolo12t", "12/yolo12.yaml", "yolo12t.yaml", "[0.50, 0.25, 512]"),
 ]
+# Row edits (regex, replacement) on a shipped yaml: YOLO12's row 6 takes the residual and mlp_ratio
+# that Ultralytics gives only scales l and x, so that the tiny fixture holds a gamma too.
+UL_EDITS = {"ul_yolo12t": [(r"(?m)^(  - \[-1, 4, A2C2f, \[512, True, 4)\]\]", r"\1, True, 1.2]]")]}
 
 
 def make_ultralytics(out: Path, work: Path, names: list | None = None) -> None:
@@ -302,6 +312,9 @@ def make_ultralytics(out: Path, work: Path, names: list | None = None) -> None:
         yaml_path = work / "ul" / yaml_name
         yaml_path.parent.mkdir(parents=True, exist_ok=True)
         text = with_only_scale((cfg_root / shipped).read_text(), "t", scale)
+        for pattern, replacement in UL_EDITS.get(name, []):
+            text, count = re.subn(pattern, replacement, text)
+            assert count == 1, f"{name}: the edit {pattern} matched {count} rows"
         yaml_path.write_text(re.sub(r"(?m)^nc: .*$", "nc: 3 # number of classes", text))
         shutil.copyfile(yaml_path, out / f"{name}.yaml")
         run_dir = work / "runs_ul" / name
@@ -358,6 +371,11 @@ def make_ultralytics(out: Path, work: Path, names: list | None = None) -> None:
             if end2end:
                 ref.update({f"o2o_raw{i}_f64": torch.cat((det64.one2one_cv2[i](f), det64.one2one_cv3[i](f)), 1)
                             for i, f in enumerate(feats64)})
+            if name == "ul_yolo12t":  # 96 high, 64 wide: P4's 6 x 4 map cut into 4 runs of 6 that cross its rows of 4
+                wide = fixed_input(96, 64, batch=1)
+                ref["input_wide"] = wide
+                feats_wide = model64(wide.double())[1]["feats"]
+                ref.update({f"raw{i}_wide_f64": torch.cat((det64.cv2[i](f), det64.cv3[i](f)), 1) for i, f in enumerate(feats_wide)})
         save_safetensors(ref, out / f"{name}.ref.safetensors")
 
         c2psa = [m for m in model.modules() if isinstance(m, C2PSA)]

@@ -83,7 +83,7 @@ bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
 }  // namespace
 
 TEST(Interop, UltralyticsCheckpointsGiveTheLibrarysOutputs) {
-  for (const std::string name : {"ul_yolov8t", "ul_yolo11t", "ul_yolov5tu", "ul_yolo26t"}) {
+  for (const std::string name : {"ul_yolov8t", "ul_yolo11t", "ul_yolov5tu", "ul_yolo26t", "ul_yolo12t"}) {
     LoadedWeights w = load_any_weights(fixture(name + ".pt"), c10::Device(c10::kCPU));
     EXPECT_EQ(w.model->info().family, "yolov8") << name;
     EXPECT_EQ(w.model->info().nc, 3) << name;
@@ -96,6 +96,22 @@ TEST(Interop, UltralyticsCheckpointsGiveTheLibrarysOutputs) {
     if (yolo26)
       for (size_t i = 0; i < 3; ++i) want.emplace_back("one2one", i, "o2o_raw" + std::to_string(i));
     expect_library_outputs(*w.model, reference(name), want, name);
+  }
+}
+
+// YOLO12's area attention on a map whose areas cross its rows (P4 6 x 4 in 4 runs of 6 positions,
+// from a 96 x 64 input): the runs are cut from the positions in row-major order, as Ultralytics cuts them.
+TEST(Interop, Yolo12AreasAreCutAsUltralyticsCutsThem) {
+  LoadedWeights w = load_any_weights(fixture("ul_yolo12t.pt"), c10::Device(c10::kCPU));
+  const auto ref = reference("ul_yolo12t");
+  w.model->eval();
+  w.model->to(at::kDouble);
+  at::NoGradGuard no_grad;
+  const HeadOutputs out = w.model->forward(ref.at("input_wide").to(at::kDouble));
+  for (size_t i = 0; i < 3; ++i) {
+    const at::Tensor& want = ref.at("raw" + std::to_string(i) + "_wide_f64");
+    ASSERT_EQ(out.at("pred")[i].sizes(), want.sizes());
+    EXPECT_LT(max_abs(out.at("pred")[i], want), 1e-9 * std::max(1.0, want.abs().max().item<double>())) << "level " << i;
   }
 }
 

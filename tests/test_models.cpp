@@ -10,6 +10,7 @@
 #include "headroom/models/detector.h"
 #include "headroom/models/layers.h"
 #include "headroom/interop/init_from.h"
+#include "interop_util.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -71,7 +72,8 @@ TEST(Models, ParameterCountsEqualTheReference) {
       {"yolov8x.yaml", 68229648}, {"yolo11n.yaml", 2624080},  {"yolo11s.yaml", 9458752},
       {"yolo11m.yaml", 20114688}, {"yolo11l.yaml", 25372160}, {"yolo11x.yaml", 56966176},
       {"yolo26n.yaml", 2572280},  {"yolo26s.yaml", 10009784}, {"yolo26m.yaml", 21896248},
-      {"yolo26l.yaml", 26299704}, {"yolo26x.yaml", 58993368}, {"centernet_hg104.yaml", 191284008}};
+      {"yolo26l.yaml", 26299704}, {"yolo26x.yaml", 58993368}, {"yolo12n.yaml", 2602288},  {"yolo12s.yaml", 9284096},
+      {"yolo12m.yaml", 20199168}, {"yolo12l.yaml", 26450784}, {"yolo12x.yaml", 59210784}, {"centernet_hg104.yaml", 191284008}};
   for (const auto& [file, params] : expected) {
     Detector d = build(file, 80);
     EXPECT_EQ(d->parameter_count(), params) << file;
@@ -88,6 +90,10 @@ TEST(Models, GflopsAsUltralyticsReportsThem) {
   const std::vector<std::pair<std::string, double>> yolo26 = {{"n", 6.1}, {"s", 22.8}, {"m", 75.4}, {"l", 93.8}, {"x", 209.5}};
   for (const auto& [scale, gflops] : yolo26)
     EXPECT_NEAR(build("yolo26.yaml", 80, scale)->gflops(640), gflops, 0.05) << "yolo26" << scale;
+  // YOLO12's too (thop counts convolutions, not the attention's products, and neither do we).
+  const std::vector<std::pair<std::string, double>> yolo12 = {{"n", 6.7}, {"s", 21.7}, {"m", 68.1}, {"l", 89.7}, {"x", 200.3}};
+  for (const auto& [scale, gflops] : yolo12)
+    EXPECT_NEAR(build("yolo12.yaml", 80, scale)->gflops(640), gflops, 0.05) << "yolo12" << scale;
 }
 
 // YOLO26's head: no DFL (four distances), and a one-to-one branch that starts as a copy of the
@@ -244,6 +250,53 @@ TEST(Models, AModelFileIsRefusedRatherThanBuiltAsAnotherModel) {
   EXPECT_NE(e.find("argument 8 (7)"), std::string::npos) << e;
   // Ultralytics' values of those keys that Headroom's Detect has build the same model.
   EXPECT_EQ(model_error("nc: 3\nend2end: False\nreg_max: 16\n" + rows), "");
+}
+
+// YOLO12's A2C2f as Ultralytics builds it: the residual and its mlp_ratio of 1.2 in scales l and
+// x only, hidden channels in heads of 32 (its assert, with or without attention), and a map that
+// splits into the areas (even sides at P4 for 4 areas).
+TEST(Models, Yolo12AreaAttentionRowsAsUltralyticsBuildsThem) {
+  const auto gammas = [](Detector d) {
+    int n = 0;
+    for (const auto& p : d->named_parameters())
+      n += p.key().size() >= 6 && p.key().compare(p.key().size() - 6, 6, ".gamma") == 0;
+    return n;
+  };
+  Detector n = build("yolo12n.yaml", 3);
+  EXPECT_EQ(gammas(n), 0);
+  EXPECT_EQ(n->layers()[6].module, "A2C2f");
+  EXPECT_EQ(n->info().input_multiple, 32);
+  const ModelSpec large = [] {
+    ModelSpec s;
+    s.file = test::fixture("ul_yolo12t.yaml");  // row 6 given the residual, as l and x get it
+    return s;
+  }();
+  EXPECT_EQ(gammas(Detector(large)), 1);
+  const std::string head = "head:\n  - [-1, 1, Detect, [nc]]\n";
+  std::string e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [32, 3, 2]]\n  - [-1, 1, A2C2f, [32, True, 1]]\n" + head);
+  EXPECT_NE(e.find("m.yaml:4:5: row 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("A2C2f needs hidden channels (c2 x e = 16) in a multiple of 32"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [32, 3, 2]]\n  - [-1, 1, A2C2f, [64, True, 1, True]]\n" + head);
+  EXPECT_NE(e.find("input 32 and output 64 channels differ"), std::string::npos) << e;
+  e = model_error("nc: 3\nbackbone:\n  - [-1, 1, Conv, [64, 3, 2]]\n  - [-1, 1, A2C2f, [64, True, 1, False, 2.0, 0.5, 1, True, 3]]\n" + head);
+  EXPECT_NE(e.find("A2C2f reads 8 arguments; argument 9 (3) is not one"), std::string::npos) << e;
+  // Nine areas need sides in multiples of 3 (3 x 3 = 9): with a stride of 2, inputs in multiples of 6.
+  const std::string path = test::temp_dir("model") + "/areas.yaml";
+  test::write_bytes(path, "nc: 3\nbackbone:\n  - [-1, 1, Conv, [64, 3, 2]]\n  - [-1, 1, A2C2f, [64, True, 9]]\n" + head);
+  ModelSpec s;
+  s.file = path;
+  Detector areas(s);
+  EXPECT_EQ(areas->info().input_multiple, 6);
+  EXPECT_EQ(areas->forward(at::rand({1, 3, 12, 18})).at("pred")[0].size(3), 9);
+  EXPECT_GT(areas->gflops(640), 0);  // probed at 36 px, the least multiple of 6 from 32
+  // In scales l and x Ultralytics appends (True, 1.2) to the row: only [c2, a2, area] reads right.
+  e = model_error("nc: 3\nscales:\n  l: [1.00, 1.00, 512]\nbackbone:\n  - [-1, 1, Conv, [64, 3, 2]]\n  - [-1, 1, A2C2f, [64, True]]\n" + head);
+  EXPECT_NE(e.find("in scale l Ultralytics appends residual True and mlp_ratio 1.2 to A2C2f's arguments: give exactly [c2, a2, area] (2 given)"),
+            std::string::npos) << e;
+  // ABlocks start from N(0, 0.02), as Ultralytics' trunc_normal_ (12,288 weights here).
+  ABlock block(64, 2, 2.0, 1);
+  EXPECT_NEAR(block->attn->qkv->cb->conv->weight.std().item<double>(), 0.02, 0.001);
+  EXPECT_NEAR(block->mlp->parameters().front().std().item<double>(), 0.02, 0.001);
 }
 
 // A malformed scales entry names its file and line (it used to escape as a yaml-cpp conversion

@@ -61,7 +61,8 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
   const std::string dir = test::temp_dir("onnx");
   for (const auto& [name, weights, imgsz] : std::vector<std::tuple<std::string, std::string, int64_t>>{
            {"ul_yolov8t", "ul_yolov8t.pt", 64}, {"ul_yolo11t", "ul_yolo11t.pt", 64}, {"ul_yolov5tu", "ul_yolov5tu.pt", 64},
-           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}, {"ul_yolo26t", "ul_yolo26t.pt", 64}}) {
+           {"yolov5v7_t", "yolov5v7_t.pt", 64}, {"centernet_hg_t", "centernet_hg_t_zip.pth", 128}, {"ul_yolo26t", "ul_yolo26t.pt", 64},
+           {"ul_yolo12t", "ul_yolo12t.pt", 64}}) {
     const at::Tensor x = reference(name).at("input");  // [2, 3, S, S]
     LoadedWeights w = load_any_weights(fixture(weights), c10::Device(c10::kCPU));
     w.model->fuse();  // as export does: what the graph computes exactly (fusing itself is tested in Models)

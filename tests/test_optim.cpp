@@ -13,6 +13,7 @@
 #include "headroom/core/torch_compat.h"
 #include "headroom/interop/weights_import.h"
 #include "headroom/memory/cpu_allocator.h"
+#include "headroom/models/blocks.h"
 #include "headroom/models/detector.h"
 #include "headroom/train/amp.h"
 #include "headroom/train/ema.h"
@@ -166,6 +167,20 @@ TEST(Optimizer, GroupsKeepDecayOffNormWeightsAndBiases) {
   EXPECT_EQ(g[2].name, "bias");       // BatchNorm bias, conv bias
   EXPECT_EQ(g[2].params.size(), 2u);
   EXPECT_DOUBLE_EQ(g[1].weight_decay + g[2].weight_decay, 0.0);
+  // As Ultralytics decides by the owning module, not the rank: YOLO12's 1-D gamma decays with the
+  // weights (MuSGD leaves it to SGD: Muon takes matrices and filters only).
+  models::A2C2f a2(models::A2C2fOptions(64, 64, 1).residual(true));
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::musgd}) {
+    int found = 0;
+    for (const ParamGroup& group : parameter_groups(*a2, 5e-4, kind))
+      for (const at::Tensor& p : group.params)
+        if (p.is_same(a2->gamma)) {
+          ++found;
+          EXPECT_EQ(group.name, "weights") << to_string(kind);
+          EXPECT_DOUBLE_EQ(group.weight_decay, 5e-4);
+        }
+    EXPECT_EQ(found, 1) << to_string(kind);
+  }
 }
 
 TEST(Schedule, LinearCosineAndManualSteps) {

@@ -536,9 +536,9 @@ TEST(Train, DemoConfigLearnsTheShapes) {
   EXPECT_EQ(logged[1].str(), governed[1].str());
 }
 
-// The loop is family-agnostic: YOLOv5 and CenterNet models train through the same steps.
-TEST(Train, YoloV5CenterNetAndYolo26TrainToo) {
-  for (const char* model : {"yolov5n.yaml", "centernet_csp.yaml", "yolo26.yaml"}) {
+// The loop is family-agnostic: YOLOv5, CenterNet, YOLO26 and YOLO12 models train through the same steps.
+TEST(Train, YoloV5CenterNetYolo26AndYolo12TrainToo) {
+  for (const char* model : {"yolov5n.yaml", "centernet_csp.yaml", "yolo26.yaml", "yolo12.yaml"}) {
     const Config c = load_config("", tiny_run({"train.steps=2", "train.val_every=0"}, model));
     cli::Run run = run_for(c, test::temp_dir(std::string("family-") + model));
     train::Trainer& t = *run.trainer;

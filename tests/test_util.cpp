@@ -71,7 +71,9 @@ std::vector<std::string> tiny_model(const std::string& name) {
   std::string text = read_bytes(std::string(HEADROOM_SOURCE_DIR) + "/models/" + name);
   const size_t at = text.find("scales:");
   if (at != std::string::npos) {
-    text.insert(text.find('\n', at) + 1, "  t: [0.33, 0.125, 1024]\n");
+    // YOLO12's A2C2f needs hidden channels in multiples of 32: a quarter of the width, capped at 64.
+    const bool yolo12 = name.rfind("yolo12", 0) == 0;
+    text.insert(text.find('\n', at) + 1, yolo12 ? "  t: [0.33, 0.25, 256]\n" : "  t: [0.33, 0.125, 1024]\n");
   } else {
     const size_t w = text.find("width_multiple:");
     text.replace(w, text.find('\n', w) - w, "width_multiple: 0.125");

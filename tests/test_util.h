@@ -19,7 +19,8 @@ const std::string& small_synth();
 std::string copy_of_small_synth(const std::string& name);
 
 // Overrides selecting one of our model files (models/<name>) with channels cut to an eighth of
-// scale l: files with a scales table get a scale "t", YOLOv5 files a smaller width multiple.
+// scale l (YOLO12's a quarter, at most 64: its blocks need 32-channel heads): files with a scales
+// table get a scale "t", YOLOv5 files a smaller width multiple.
 std::vector<std::string> tiny_model(const std::string& name);
 
 // A JPEG with an APP1 Exif segment holding `orientation`, inserted after its SOI marker.

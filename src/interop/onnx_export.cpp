@@ -7,6 +7,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <typeindex>
@@ -153,6 +154,23 @@ class Emitter {
     });
   }
 
+  // AreaAttentionImpl::forward's mirror: [B, C, H, W] -> same.
+  std::string area_attention(AreaAttentionImpl& m, const std::string& x) {
+    const int64_t hd = m.head_dim;
+    const std::string flat = transpose(reshape(module(*m.qkv, x), {0, 3 * m.heads * hd, -1}), {0, 2, 1});  // [B, N, 3C]
+    const std::string t = transpose(reshape(flat, {0, m.area, -1, m.heads, 3 * hd}), {0, 1, 3, 4, 2});  // [B, area, heads, 3 hd, n]
+    const std::vector<std::string> s = split(t, 3, {hd, hd, hd});  // q, k, v
+    const std::string q = g.op("Mul", {s[0], g.scalar(std::pow(double(hd), -0.5))});
+    const std::string attn = g.op("Softmax", {g.op("MatMul", {transpose(q, {0, 1, 2, 4, 3}), s[1]})},
+                                  [](onnx::NodeProto& n) { set(n, "axis", int64_t(-1)); });
+    const std::string shape = g.op("Shape", {x});
+    const auto to_map = [&](const std::string& y) {  // [B, area, heads, hd, n] -> [B, C, H, W]
+      return g.op("Reshape", {transpose(reshape(transpose(y, {0, 1, 4, 2, 3}), {0, -1, m.heads * hd}), {0, 2, 1}), shape});
+    };
+    const std::string y = to_map(g.op("MatMul", {s[2], transpose(attn, {0, 1, 2, 4, 3})}));
+    return module(*m.proj, add(y, module(*m.pe, to_map(s[2]))));
+  }
+
   std::string hourglass_level(HourglassLevelImpl& m, const std::string& x) {
     const std::string up = sequence(*m.up1, x), l1 = sequence(*m.low1, x);
     const std::string l2 = m.low2 ? hourglass_level(*m.low2, l1) : sequence(*m.low2_blocks, l1);
@@ -226,6 +244,17 @@ const std::unordered_map<std::type_index, ModuleEmitter>& emitters() {
       emitter<C2PSAImpl>([](Emitter& e, C2PSAImpl& m, const std::string& x) {
         const std::vector<std::string> ab = e.split(e.module(*m.cv1, x), 1, {m.c, m.c});
         return e.module(*m.cv2, e.concat({ab[0], e.sequence(*m.m, ab[1])}, 1));
+      }),
+      emitter<AreaAttentionImpl>([](Emitter& e, AreaAttentionImpl& m, const std::string& x) { return e.area_attention(m, x); }),
+      emitter<ABlockImpl>([](Emitter& e, ABlockImpl& m, const std::string& x) {
+        const std::string y = e.add(x, e.module(*m.attn, x));
+        return e.add(y, e.sequence(*m.mlp, y));
+      }),
+      emitter<A2C2fImpl>([](Emitter& e, A2C2fImpl& m, const std::string& x) {
+        std::vector<std::string> y = {e.module(*m.cv1, x)};
+        for (const auto& b : *m.m) y.push_back(e.module(*b, y.back()));
+        const std::string out = e.module(*m.cv2, e.concat(y, 1));
+        return m.gamma.defined() ? e.add(x, e.g.op("Mul", {e.g.tensor(m.gamma.view({1, -1, 1, 1}), "gamma"), out})) : out;
       }),
       emitter<HgConvImpl>([](Emitter& e, HgConvImpl& m, const std::string& x) { return e.relu(e.conv_bn(*m.cb, x)); }),
       emitter<ResidualImpl>([](Emitter& e, ResidualImpl& m, const std::string& x) {

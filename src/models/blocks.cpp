@@ -213,6 +213,72 @@ at::Tensor C2PSAImpl::forward(const at::Tensor& x) {
   return cv2->forward(at::cat({ab[0], m->forward(ab[1])}, 1));
 }
 
+AreaAttentionImpl::AreaAttentionImpl(int64_t dim, int64_t heads_, int64_t area_) : heads(heads_), head_dim(dim / heads_), area(area_) {
+  qkv = register_module("qkv", Conv(ConvOptions(dim, 3 * dim, 1).act(false)));
+  proj = register_module("proj", Conv(ConvOptions(dim, dim, 1).act(false)));
+  pe = register_module("pe", Conv(ConvOptions(dim, dim, 7).groups(dim).act(false)));
+}
+
+// Ultralytics folds the areas into the batch ([B * area, N / area, ...]); the same memory read
+// as [B, area, N / area, ...] keeps the batch symbolic in the ONNX mirror.
+at::Tensor AreaAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const at::Tensor t = qkv->forward(x).flatten(2).transpose(1, 2)                   // [B, N, 3C]
+                           .reshape({B, area, -1, heads, 3 * head_dim})             // [B, area, n, heads, 3 hd]
+                           .permute({0, 1, 3, 4, 2});                               // [B, area, heads, 3 hd, n]
+  const std::vector<at::Tensor> qkv_ = t.split(head_dim, 3);
+  const at::Tensor& q = qkv_[0];
+  const at::Tensor& k = qkv_[1];
+  const at::Tensor& v = qkv_[2];                                                    // [B, area, heads, hd, n]
+  const at::Tensor attn = at::matmul((q * std::pow(double(head_dim), -0.5)).transpose(-2, -1), k).softmax(-1);  // [.., n, n]
+  const auto to_map = [&](const at::Tensor& y) {  // [B, area, heads, hd, n] -> [B, C, H, W]
+    return y.permute({0, 1, 4, 2, 3}).reshape({B, H, W, C}).permute({0, 3, 1, 2}).contiguous();
+  };
+  const at::Tensor y = to_map(at::matmul(v, attn.transpose(-2, -1))) + pe->forward(to_map(v));
+  return proj->forward(y);
+}
+
+ABlockImpl::ABlockImpl(int64_t dim, int64_t heads, double mlp_ratio, int64_t area) {
+  const int64_t hidden = static_cast<int64_t>(double(dim) * mlp_ratio);
+  attn = register_module("attn", AreaAttention(dim, heads, area));
+  mlp = register_module("mlp", torch::nn::Sequential(Conv(ConvOptions(dim, hidden, 1)), Conv(ConvOptions(hidden, dim, 1).act(false))));
+  at::NoGradGuard no_grad;
+  // trunc_normal_(std=0.02) cuts at +-2 (absolute), a hundred standard deviations out: a normal.
+  for (auto& m : modules(/*include_self=*/false))
+    if (auto* conv = m->as<torch::nn::Conv2d>()) conv->weight.normal_(0.0, 0.02);
+}
+
+at::Tensor ABlockImpl::forward(const at::Tensor& x) {
+  const at::Tensor y = x + attn->forward(x);
+  return y + mlp->forward(y);
+}
+
+A2C2fImpl::A2C2fImpl(const A2C2fOptions& o) {
+  const int64_t c = static_cast<int64_t>(double(o.c2()) * o.e());
+  cv1 = register_module("cv1", Conv(ConvOptions(o.c1(), c, 1, 1)));
+  cv2 = register_module("cv2", Conv(ConvOptions((1 + o.n()) * c, o.c2(), 1)));
+  if (o.a2() && o.residual()) gamma = register_parameter("gamma", at::full({o.c2()}, 0.01));
+  for (int64_t i = 0; i < o.n(); ++i) {
+    if (o.a2())
+      m->push_back(torch::nn::Sequential(ABlock(c, c / 32, o.mlp_ratio(), o.area()), ABlock(c, c / 32, o.mlp_ratio(), o.area())));
+    else
+      m->push_back(C3(c, c, 2, o.shortcut(), o.groups(), 0.5, /*k1=*/3));  // C3k
+  }
+  register_module("m", m);
+}
+
+at::Tensor A2C2fImpl::forward(const at::Tensor& x) {
+  std::vector<at::Tensor> y = {cv1->forward(x)};
+  for (const auto& b : *m) {
+    if (auto* c3 = b->as<C3>())
+      y.push_back(c3->forward(y.back()));
+    else
+      y.push_back(b->as<torch::nn::Sequential>()->forward(y.back()));
+  }
+  const at::Tensor out = cv2->forward(at::cat(y, 1));
+  return gamma.defined() ? x + gamma.view({1, -1, 1, 1}) * out : out;
+}
+
 SPPFImpl::SPPFImpl(const SPPFOptions& o) : options(o), add(o.shortcut() && o.c1() == o.c2()) {
   const int64_t c_ = o.c1() / 2;
   cv1 = register_module("cv1", Conv(ConvOptions(o.c1(), c_, 1, 1).act(o.cv1_act())));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <regex>
 
 #include "headroom/core/config.h"
@@ -84,7 +85,7 @@ DetectorImpl::DetectorImpl(const ModelSpec& spec) {
       outs.channels.push_back(b.channels);
       outs.counts.push_back(b.outputs);
       outs.strides.push_back(b.stride);
-      input_multiple = std::max({input_multiple, b.input_multiple, b.stride});
+      input_multiple = std::lcm(std::lcm(input_multiple, b.input_multiple), b.stride);  // every row's sides divide evenly
       for (const auto& p : b.layer->parameters()) s.params += p.numel();
     }
     summary_.push_back(s);
@@ -262,7 +263,7 @@ int64_t DetectorImpl::parameter_count(bool trainable_only) const {
 
 double DetectorImpl::gflops(int64_t size) {
   // As Ultralytics (thop, eval mode): count at a small probe, scale by the area.
-  const int64_t probe = std::max<int64_t>(info_.input_multiple, 32);
+  const int64_t m = info_.input_multiple, probe = (32 + m - 1) / m * m;  // the least multiple of m from 32
   const bool was_training = is_training();
   eval();
   FlopCounter counter;

@@ -232,8 +232,10 @@ void single_input(const RowContext& c, const char* module) {
   if (c.channels.size() != 1) c.fail(std::string(module) + " takes one input (from), got " + std::to_string(c.channels.size()));
 }
 
-std::map<std::string, RowBuilder> make_registry() {
-  std::map<std::string, RowBuilder> r;
+using Registry = std::map<std::string, RowBuilder>;
+
+// The YOLO blocks: convolutions and CSP stages.
+void add_csp_blocks(Registry& r) {
   r["Conv"] = [](const RowContext& c) {
     single_input(c, "Conv");
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), k = c.integer(1, 1), s = c.integer(2, 1);
@@ -293,6 +295,10 @@ std::map<std::string, RowBuilder> make_registry() {
     b.depthwise_head = true;
     return b;
   };
+}
+
+// YOLO11's, YOLO12's and the pooling blocks.
+void add_attention_and_pooling(Registry& r) {
   r["C2PSA"] = [](const RowContext& c) {
     single_input(c, "C2PSA");
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
@@ -304,6 +310,40 @@ std::map<std::string, RowBuilder> make_registry() {
     once.repeats = 1;
     return sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + "]",
                           [=] { return C2PSA(c1, n, e); });
+  };
+  // YOLO12 A2C2f [c2, a2, area, residual, mlp_ratio, e, g, shortcut]. In scales l and x
+  // Ultralytics appends residual True and mlp_ratio 1.2 to the row's arguments, which lands there
+  // only after exactly [c2, a2, area]: other rows are refused rather than built otherwise.
+  r["A2C2f"] = [](const RowContext& c) {
+    single_input(c, "A2C2f");
+    const bool large = c.scale == "l" || c.scale == "x";
+    if (large && c.count() != 3)
+      c.fail("in scale " + c.scale + " Ultralytics appends residual True and mlp_ratio 1.2 to A2C2f's arguments: give exactly [c2, a2, area] (" +
+             std::to_string(c.count()) + " given)");
+    const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
+    A2C2fOptions o(c1, c2, n);
+    o.a2(c.boolean(1, true)).area(c.integer(2, 1)).residual(c.boolean(3, large)).mlp_ratio(c.number(4, large ? 1.2 : 2.0));
+    o.e(c.number(5, 0.5)).groups(c.integer(6, 1)).shortcut(c.boolean(7, true));
+    const int64_t hidden = static_cast<int64_t>(double(c2) * o.e());
+    if (hidden <= 0 || hidden % 32)  // Ultralytics asserts it with or without attention
+      c.fail("A2C2f needs hidden channels (c2 x e = " + std::to_string(hidden) + ") in a multiple of 32 (attention heads of 32); widen the scale");
+    if ((o.a2() && o.area() < 1) || o.mlp_ratio() <= 0 || o.groups() < 1)
+      c.fail("A2C2f needs area >= 1 (with a2), mlp_ratio > 0 and groups >= 1");
+    if (o.a2() && o.residual() && c1 != c2)
+      c.fail("A2C2f's residual adds the input back: input " + std::to_string(c1) + " and output " + std::to_string(c2) + " channels differ");
+    RowContext once = c;
+    once.repeats = 1;
+    std::string args = "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + ", " + bool_text(o.a2()) + ", " +
+                       std::to_string(o.area());
+    if (o.a2() && o.residual()) args += ", True, " + num_text(o.mlp_ratio());
+    BuiltRow b = sequential_row(once, c2, 1, args + "]", [=] { return A2C2f(o); });
+    // H x W of the row's map must split into `area` runs: sides that are multiples of the least m
+    // with m * m a multiple of area (2 for YOLO12's area 4).
+    int64_t m = 1;
+    while (o.a2() && (m * m) % o.area() != 0) ++m;
+    b.input_multiple = c.strides[0] * m;
+    b.depthwise_head = true;
+    return b;
   };
   // SPPF [c2, k, n, shortcut]: rows that give n or the shortcut are YOLO26's (cv1 unactivated).
   r["SPPF"] = [](const RowContext& c) {
@@ -322,6 +362,10 @@ std::map<std::string, RowBuilder> make_registry() {
     return sequential_row(c, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + ints_text(ks) + "]",
                           [=] { return SPP(c1, c2, ks); });
   };
+}
+
+// Joins, upsampling and the YOLO heads.
+void add_joins_and_heads(Registry& r) {
   r["Concat"] = [](const RowContext& c) {
     const int64_t dim = c.integer(0, 1);
     if (dim != 1) c.fail("Concat joins channels: dimension must be 1");
@@ -381,6 +425,10 @@ std::map<std::string, RowBuilder> make_registry() {
     b.args += ", " + ints_text(c.channels) + "]";
     return b;
   };
+}
+
+// CenterNet's Hourglass network and head.
+void add_hourglass(Registry& r) {
   r["HourglassStem"] = [](const RowContext& c) {
     single_input(c, "HourglassStem");
     const int64_t c1 = c.channels[0], mid = c.integer(0, 128), out = c.integer(1, 256);
@@ -416,6 +464,14 @@ std::map<std::string, RowBuilder> make_registry() {
     b.args = "[" + std::to_string(nc) + ", " + std::to_string(width) + ", " + ints_text(c.channels) + "]";
     return b;
   };
+}
+
+Registry make_registry() {
+  Registry r;
+  add_csp_blocks(r);
+  add_attention_and_pooling(r);
+  add_joins_and_heads(r);
+  add_hourglass(r);
   return r;
 }
 

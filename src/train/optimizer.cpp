@@ -1,10 +1,12 @@
 #include "headroom/train/optimizer.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 
@@ -180,38 +182,39 @@ const char* to_string(OptimizerKind k) { return enum_word(k, kOptimizerKind); }
 
 std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight_decay, OptimizerKind kind, const ParamFilter& boosted) {
   const bool musgd = kind == OptimizerKind::musgd;
-  ParamGroup weights{"weights", {}, 0, 0, weight_decay, false};
-  ParamGroup norm{"norm", {}, 0, 0, 0, false};
-  ParamGroup bias{"bias", {}, 0, 0, 0, true};
-  ParamGroup muon{"muon", {}, 0, 0, weight_decay, false, /*muon=*/true};
-  std::vector<std::vector<std::string>> names(4);  // of each group's parameters
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    if (!p.requires_grad()) continue;
-    const std::string& name = item.key();
-    int g = 0;
-    if (musgd && (p.dim() == 2 || p.dim() == 4))  // matrices and convolution filters: Muon orthogonalises them
-      g = 3;
-    else if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
-      g = 2;
-    else if (p.dim() <= 1)
-      g = 1;
-    (g == 0 ? weights : g == 1 ? norm : g == 2 ? bias : muon).params.push_back(p);
-    names[size_t(g)].push_back(name);
-  }
+  enum { kWeights, kNorm, kBias, kMuon };
+  std::array<ParamGroup, 4> groups = {ParamGroup{"weights", {}, 0, 0, weight_decay, false}, ParamGroup{"norm", {}, 0, 0, 0, false},
+                                      ParamGroup{"bias", {}, 0, 0, 0, true},
+                                      ParamGroup{"muon", {}, 0, 0, weight_decay, false, /*muon=*/true}};
+  std::array<std::vector<std::string>, 4> names;  // of each group's parameters
+  // As Ultralytics: by the owning module's type, not the tensor's rank (YOLO12's 1-D gamma decays).
+  const auto add = [&](const std::string& prefix, torch::nn::Module& owner) {
+    const bool norm = owner.as<torch::nn::BatchNorm2d>() != nullptr;
+    for (const auto& item : owner.named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = item.value();
+      if (!p.requires_grad()) continue;
+      const std::string name = prefix.empty() ? item.key() : prefix + "." + item.key();
+      const size_t g = musgd && (p.dim() == 2 || p.dim() == 4) ? kMuon  // matrices and convolution filters: Muon orthogonalises them
+                       : item.key() == "bias"                   ? kBias
+                       : norm                                   ? kNorm
+                                                                : kWeights;
+      groups[g].params.push_back(p);
+      names[g].push_back(name);
+    }
+  };
+  add("", model);
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) add(item.key(), *item.value());
   std::vector<ParamGroup> out;
-  int index = 0;
-  for (auto* g : {&weights, &norm, &bias, &muon}) {
-    const std::vector<std::string>& group_names = names[size_t(index++)];
+  for (size_t g = 0; g < groups.size(); ++g) {
     if (musgd && boosted) {
       // Ultralytics' MuSGD trains the head's class branch at 3x lr: a group of its own, first.
-      ParamGroup fast = *g, rest = *g;
+      ParamGroup fast = groups[g], rest = groups[g];
       fast.name += " (class branch, 3x lr)", fast.lr_scale = 3, fast.params.clear(), rest.params.clear();
-      for (size_t i = 0; i < g->params.size(); ++i) (boosted(group_names[i]) ? fast : rest).params.push_back(g->params[i]);
+      for (size_t i = 0; i < groups[g].params.size(); ++i) (boosted(names[g][i]) ? fast : rest).params.push_back(groups[g].params[i]);
       for (auto* part : {&fast, &rest})
         if (!part->params.empty()) out.push_back(std::move(*part));
-    } else if (!g->params.empty()) {
-      out.push_back(std::move(*g));
+    } else if (!groups[g].params.empty()) {
+      out.push_back(std::move(groups[g]));
     }
   }
   return out;

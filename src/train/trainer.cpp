@@ -300,7 +300,7 @@ void Trainer::save_checkpoint(const std::string& path, std::function<void()> the
   at::NoGradGuard no_grad;
   fs::create_directories(fs::path(path).parent_path());
   torch::serialize::OutputArchive root, state;
-  models::write_weights(eval_model(), models::WeightsInfo{train_split_->names, train_split_->category_ids}, root);
+  models::write_weights(eval_model(), models::WeightsInfo{train_split_->names, train_split_->category_ids, /*framework=*/""}, root);
   registry_.save(state);
   root.write("checkpoint", state);
   Json meta = Json::object();

@@ -152,6 +152,55 @@ class C2PSAImpl : public torch::nn::Module {
 };
 TORCH_MODULE(C2PSA);
 
+// YOLO12's area attention (Ultralytics AAttn): the H x W positions, in row-major order, are cut
+// into `area` equal runs and each attends only within its own; heads of 32 channels with
+// queries, keys and values interleaved per head in one 1x1 conv; a depthwise 7x7 positional
+// encoding of the values; a 1x1 projection. H x W must be a multiple of `area`.
+class AreaAttentionImpl : public torch::nn::Module {
+ public:
+  AreaAttentionImpl(int64_t dim, int64_t heads, int64_t area);
+  at::Tensor forward(const at::Tensor& x);  // [B, dim, H, W] -> same
+  Conv qkv{nullptr}, proj{nullptr}, pe{nullptr};
+  int64_t heads, head_dim, area;
+};
+TORCH_MODULE(AreaAttention);
+
+// ABlock: x + attn(x), then x + mlp(x) (1x1 convs, mlp_ratio wide). Its convolutions start
+// from N(0, 0.02), as Ultralytics initialises them.
+class ABlockImpl : public torch::nn::Module {
+ public:
+  ABlockImpl(int64_t dim, int64_t heads, double mlp_ratio, int64_t area);
+  at::Tensor forward(const at::Tensor& x);
+  AreaAttention attn{nullptr};
+  torch::nn::Sequential mlp;
+};
+TORCH_MODULE(ABlock);
+
+// A2C2f (YOLO12): cv1, then n blocks chained, every output concatenated, cv2. A block is two
+// ABlocks (a2) or a C3k; with `residual` the output is x + gamma * y, gamma per channel from 0.01.
+struct A2C2fOptions {
+  A2C2fOptions(int64_t c1, int64_t c2, int64_t n) : c1_(c1), c2_(c2), n_(n) {}
+  TORCH_ARG(int64_t, c1);
+  TORCH_ARG(int64_t, c2);
+  TORCH_ARG(int64_t, n);
+  TORCH_ARG(bool, a2) = true;
+  TORCH_ARG(int64_t, area) = 1;
+  TORCH_ARG(bool, residual) = false;
+  TORCH_ARG(double, mlp_ratio) = 2.0;
+  TORCH_ARG(double, e) = 0.5;
+  TORCH_ARG(int64_t, groups) = 1;
+  TORCH_ARG(bool, shortcut) = true;
+};
+class A2C2fImpl : public torch::nn::Module {
+ public:
+  explicit A2C2fImpl(const A2C2fOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  Conv cv1{nullptr}, cv2{nullptr};
+  torch::nn::ModuleList m;
+  at::Tensor gamma;  // [c2], or undefined without the residual
+};
+TORCH_MODULE(A2C2f);
+
 // SPPF: n chained k x k max-pools, concatenated. YOLO26's rows (which give n or the shortcut)
 // leave cv1 unactivated and may add the input back (shortcut, when the channels match); older
 // rows keep cv1's SiLU, as Ultralytics builds them.

@@ -55,7 +55,7 @@ struct ParamGroup {
   double lr_scale = 1;               // the schedule's rate times this (MuSGD: 3 for the class branch)
 };
 
-// Ultralytics' split: convolution / linear weights with decay; BatchNorm (any 1-D) weights and
+// Ultralytics' split: convolution / linear weights (and YOLO12's gamma) with decay; BatchNorm weights and
 // biases without. For MuSGD (as Ultralytics' build_optimizer): every 2-D and 4-D tensor in a Muon
 // group with decay, and each group split in two, the `boosted` tensors (the head's class branch)
 // learning at 3x lr.
