@@ -85,12 +85,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     const std::string out_dir = save_dir.empty() ? create_run_dir(c.project, "predict", false) : save_dir;
     fs::create_directories(out_dir);
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/false, device.is_cuda(), eval::input_preprocess(c, w.info.framework)));
-    eval::DecodeOptions d;
-    d.nms.conf = conf;
-    d.nms.iou = c.eval.iou;
-    d.nms.max_det = c.eval.max_det;
-    d.nms.agnostic = c.eval.agnostic;
-    d.topk = c.eval.topk;
+    const eval::DecodeOptions d = eval::decode_options(c, conf);
     Json results = Json::array();
     int64_t detections = 0;
     at::NoGradGuard no_grad;

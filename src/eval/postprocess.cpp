@@ -118,10 +118,10 @@ Detections batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
   return compact(top_boxes, top_scores, top_classes, keep, o.max_det);
 }
 
-Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& out) {
+Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& out, bool one_to_one) {
   at::NoGradGuard no_grad;
   if (info.family == "yolov8") {
-    const auto& feats = out.at(info.end2end ? "one2one" : "pred");
+    const auto& feats = out.at(info.end2end && one_to_one ? "one2one" : "pred");
     auto [dist, logits] = models::split_yolov8(feats, info.reg_max);
     const models::AnchorGrid grid = models::make_anchor_grid(feats, info.strides, 0.5);
     const at::Tensor boxes = models::dist_to_bbox(models::dfl_expectation(dist.to(at::kFloat), info.reg_max), grid.points) * grid.strides;
@@ -149,8 +149,8 @@ Candidates decode_candidates(const models::DetectorInfo& info, const models::Hea
 Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& out, const DecodeOptions& o) {
   at::NoGradGuard no_grad;
   if (info.family == "yolov8" || info.family == "yolov5") {
-    const Candidates c = decode_candidates(info, out);
-    return info.end2end ? topk_detections(c.boxes, c.scores, o.nms) : batched_nms(c.boxes, c.scores, o.nms);
+    const Candidates c = decode_candidates(info, out, o.one_to_one);
+    return info.end2end && o.one_to_one ? topk_detections(c.boxes, c.scores, o.nms) : batched_nms(c.boxes, c.scores, o.nms);
   }
   if (info.family == "centernet") {  // the last stack: 3x3 max-pool peaks, top-K over all classes
     const at::Tensor heat = out.at("heatmap").back().to(at::kFloat).sigmoid();

@@ -15,16 +15,23 @@ at::Tensor model_input(const at::Tensor& images, c10::Device device) {
   return images.to(device, /*non_blocking=*/true).to(at::kFloat).div_(255.0);
 }
 
+DecodeOptions decode_options(const Config& c, double conf) {
+  DecodeOptions d;
+  d.nms.conf = conf;
+  d.nms.iou = c.eval.iou;
+  d.nms.max_det = c.eval.max_det;
+  d.nms.agnostic = c.eval.agnostic;
+  d.topk = c.eval.topk;
+  d.one_to_one = c.eval.end2end;
+  return d;
+}
+
 ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device,
                                  data::Preprocess preprocess) {
   ValidateOptions o;
   o.loader = data::loader_options(c, split, /*training=*/false, device.is_cuda(), preprocess);
-  o.decode.nms.conf = c.eval.conf;
-  o.decode.nms.iou = c.eval.iou;
-  o.decode.nms.max_det = c.eval.max_det;
-  o.decode.nms.agnostic = c.eval.agnostic;
+  o.decode = decode_options(c, c.eval.conf);
   o.decode.nms.multi_label = info.family != "centernet";
-  o.decode.topk = c.eval.topk;
   o.device = device;
   return o;
 }

@@ -155,6 +155,7 @@ struct EvalConfig {
   bool agnostic = false;            // one NMS across classes
   int64_t topk = 100;               // CenterNet peaks per image
   std::string preprocess = "auto";  // val / predict input: auto | fast | source (data/letterbox.h)
+  bool end2end = true;              // an end-to-end head (YOLO26): its one-to-one branch, no NMS; false: one-to-many + NMS
 };
 
 // Defaults are Ultralytics' (SGD, lr0 0.01, lrf 0.01, momentum 0.937, warmup 3 epochs).

@@ -43,16 +43,18 @@ at::Tensor nms_keep(const at::Tensor& boxes, const at::Tensor& valid, double iou
 
 struct DecodeOptions {
   NmsOptions nms;
-  int64_t topk = 100;  // CenterNet peaks per image
+  int64_t topk = 100;     // CenterNet peaks per image
+  bool one_to_one = true; // an end-to-end head: its one-to-one branch, top-k; false: the one-to-many branch, NMS
 };
 
 // YOLO's per-anchor predictions before NMS, in the model's input pixels (what an exported ONNX
-// graph outputs, as [B, 4 + nc, A] xywh); an end-to-end head's from its one-to-one branch.
+// graph outputs, as [B, 4 + nc, A] xywh); an end-to-end head's from its one-to-one branch unless
+// one_to_one is false.
 struct Candidates {
   at::Tensor boxes;   // [B, A, 4] xyxy
   at::Tensor scores;  // [B, A, nc] in [0, 1]
 };
-Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& outputs);
+Candidates decode_candidates(const models::DetectorInfo& info, const models::HeadOutputs& outputs, bool one_to_one = true);
 
 // Detections in the model's input pixels: NMS, or top-k for an end-to-end head.
 Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& outputs, const DecodeOptions& o);

@@ -25,6 +25,9 @@ struct ValidateOptions {
   c10::Device device = c10::Device(c10::kCPU);
 };
 
+// The eval section as decode options (predict passes its --conf, validation eval.conf).
+DecodeOptions decode_options(const Config& c, double conf);
+
 // Config -> options: the eval section, the loader without shuffling; YOLO keeps every class
 // above eval.conf per box (multi-label), as Ultralytics validates.
 ValidateOptions validate_options(const Config& c, const data::Split& split, const models::DetectorInfo& info, c10::Device device,
