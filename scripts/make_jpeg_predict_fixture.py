@@ -18,7 +18,8 @@ the detections Ultralytics' predictor gives on them, which `trainer predict` is 
   everything else as it is: the end-to-end head's (predict(nms=False), Headroom's eval.end2end
   true) to ultralytics_predictions_yolo26.json, and those of Ultralytics 8.4.190's default
   (nms=None: the one-to-many branch with NMS; eval.end2end false) to
-  ultralytics_predictions_yolo26_nms.json.
+  ultralytics_predictions_yolo26_nms.json. Remaking the yolov8 fixture writes new images: run
+  --family yolo26 --predict-only after it.
 
 Run with Ultralytics 8.4 (no network needed):
   python scripts/make_jpeg_predict_fixture.py build/trainer [--family yolov8|yolo26] [--predict-only]
@@ -71,7 +72,7 @@ def train(trainer: str, work: Path, model_file: str) -> Path:
 
 def write_jpegs(trainer: str, work: Path) -> None:
     """12 synthetic images whose long side is 241..400 px, as JPEG quality 90 in images/."""
-    (OUT / "images").mkdir(parents=True)
+    (OUT / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     for i in range(12):
         size = rng.randint(241, 400)
@@ -91,9 +92,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="jpeg-fixture-"))
     if not a.predict_only:
         best = train(a.trainer, work, model_file)
-        if a.family == "yolov8":  # the images too: every other family predicts on the same ones
-            if OUT.exists():
-                shutil.rmtree(OUT)
+        if a.family == "yolov8":  # new images too: every other family predicts on them, so remake those after
+            shutil.rmtree(OUT / "images", ignore_errors=True)
             write_jpegs(a.trainer, work)
         shutil.copy(best, OUT / weights)
     files = sorted((OUT / "images").glob("*.jpg"))

@@ -284,14 +284,14 @@ TEST(Cli, PredictOnJpegsGivesUltralyticsDetections) {
   EXPECT_GT(counts[1], counts[0]) << "the fixture no longer tells the two paths apart";
 
   // A YOLO26 that Ultralytics trained the same way, both ways Ultralytics predicts with it: its
-  // end-to-end head, no NMS (predict(nms=False); eval.end2end true, the default), and the
-  // one-to-many branch with NMS (Ultralytics 8.4's default, nms=None; eval.end2end false).
+  // end-to-end head, no NMS (predict(nms=False); eval.end2end true, the default: not given), and
+  // the one-to-many branch with NMS (Ultralytics 8.4.190's default, nms=None; eval.end2end false).
   for (const bool end2end : {true, false}) {
     const Json want = read_json_file(fixtures + (end2end ? "ultralytics_predictions_yolo26.json" : "ultralytics_predictions_yolo26_nms.json"));
     const std::string out26 = dir + (end2end ? "/yolo26" : "/yolo26-nms");
     test::RunResult r = test::run_trainer("predict --weights " + fixtures + "ul_yolo26t_shapes.pt --source " + fixtures +
-                                          "images --conf 0.25 --save-dir " + out26 + " data.imgsz=320 device=cpu eval.end2end=" +
-                                          (end2end ? "true" : "false"));
+                                          "images --conf 0.25 --save-dir " + out26 + " data.imgsz=320 device=cpu" +
+                                          (end2end ? "" : " eval.end2end=false"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     int total26 = 0;
     const int unmatched26 = unmatched_detections(read_json_file(out26 + "/predictions.json"), want, &total26);

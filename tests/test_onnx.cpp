@@ -152,7 +152,8 @@ TEST(Interop, OnnxExportHalfAndStaticBatch) {
 }
 
 // An end-to-end graph at a static size keeps max_det rows (fewer than the 84 anchors here), the
-// best first, as the forward's top-k does, and says end2end in its metadata as Ultralytics does.
+// best first, as the forward's top-k does, and says end2end in its metadata as Ultralytics does
+// when it exports with nms=False.
 TEST(Interop, OnnxExportOfAnEndToEndHeadKeepsMaxDetRows) {
   const std::string dir = test::temp_dir("onnx-e2e");
   LoadedWeights w = load_any_weights(fixture("ul_yolo26t.pt"), c10::Device(c10::kCPU));

@@ -461,7 +461,7 @@ std::vector<ConfigKey> build_schema() {
       bool_key("eval.end2end", [](Config& c) -> bool& { return c.eval.end2end; },
                "An end-to-end head (YOLO26): true, its one-to-one branch, whose top-k scores are the detections "
                "(no NMS; Ultralytics' nms=False, and what export writes); false, its one-to-many branch with NMS "
-               "(Ultralytics 8.4's default for predict and val, nms=None). Validation during training follows it."),
+               "(Ultralytics 8.4.190's default for predict and val, nms=None). Validation during training follows it."),
       // log
       string_key("log.level", [](Config& c) -> std::string& { return c.log.level; },
                  "trace | debug | info | warn | error",
