@@ -26,8 +26,10 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
     a.batch = std::min(a.batch, a.step_batch);
   }
   std::string tried;
-  for (const auto& [b, peak] : a.tried)
-    tried += fmt::format("{}{}: {}", tried.empty() ? "" : ", ", b, peak < 0 ? std::string("out of memory") : format_bytes(double(peak)));
+  for (const memory::BatchProbe& t : a.tried)
+    tried += fmt::format("{}{}{}: {} (predicted {}{})", tried.empty() ? "" : ", ", t.batch, t.every_stage ? " every stage" : "",
+                         t.peak < 0 ? std::string("out of memory") : format_bytes(double(t.peak)), format_bytes(double(t.predicted)),
+                         t.images_per_second > 0 ? fmt::format("; timed {:.2f} img/s", t.images_per_second) : std::string());
   spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images, "
                "each one optimizer step{}. The choices weighed:{}",
                a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
@@ -38,6 +40,27 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
                                  train_split->samples.size()),
                memory::format_batch_options(a));
   return a;
+}
+
+// On the CPU memory.budget bounds the process, and data.cache=ram's decoded images live in it:
+// their bytes come off the tensors' share. A cache over half the budget is not made (the loader
+// reads the images from disk instead) so that the model keeps room to train. On CUDA the cache
+// is host memory, checked against the available memory when it is made.
+int64_t budget_beside_ram_cache(Config& c, int64_t budget, const data::Split& train, const data::Split* val, c10::Device device) {
+  if (c.data.cache != "ram" || !device.is_cpu() || budget <= 0) return budget;
+  const double images = double(train.samples.size()) + (val ? double(val->samples.size()) : 0.0);
+  const int64_t bytes = int64_t(images * 3.0 * double(c.data.imgsz) * double(c.data.imgsz));
+  if (2 * bytes > budget) {
+    spdlog::warn("data.cache=ram: not caching: the decoded images need {}, more than half of memory.budget {} (on the CPU the "
+                 "cache shares the budget with the tensors); reading images from disk instead (data.cache=disk keeps a "
+                 "memory-mapped shard outside the budget, or raise memory.budget)",
+                 format_bytes(double(bytes)), format_bytes(double(budget)));
+    c.data.cache = "none";
+    return budget;
+  }
+  spdlog::info("data.cache=ram: the decoded images take {} of memory.budget {}; the tensors get the other {}", format_bytes(double(bytes)),
+               format_bytes(double(budget)), format_bytes(double(budget - bytes)));
+  return budget - bytes;
 }
 
 }  // namespace
@@ -52,6 +75,7 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
     train_split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     val_split = train::load_val_split(c);
   }
+  run.budget = budget_beside_ram_cache(c, run.budget, *train_split, val_split.get(), device);
   // Before the prober builds the run's optimizer and the run folder records the config.
   c = train::with_chosen_optimizer(c, int64_t(train_split->samples.size()), int64_t(train_split->names.size()),
                                    o.group ? o.group->world() : 1);

@@ -261,7 +261,8 @@ std::vector<ConfigKey> build_schema() {
                    "Decoded batches kept ready ahead of the consumer."),
       choice_key("data.cache", [](Config& c) -> std::string& { return c.data.cache; }, {"none", "ram", "disk"},
                           "Decoded-image cache: ram holds letterboxed images in memory (checked "
-                          "against free memory first); disk writes a memory-mapped shard beside "
+                          "against free memory first; on the CPU inside memory.budget, at most half "
+                          "of it); disk writes a memory-mapped shard beside "
                           "the data, rebuilt when the images or the canvas change. Ultralytics' "
                           "`true`/`false` mean ram/none.",
                           {{"true", "ram"}, {"false", "none"}, {"True", "ram"}, {"False", "none"}}),
@@ -386,8 +387,8 @@ std::vector<ConfigKey> build_schema() {
                                "stages, cheapest to recompute, that let the micro-batch fit memory.budget."),
       choice_key("memory.prefer", [](Config& c) -> std::string& { return c.memory.prefer; }, {"throughput", "batch"},
                  "train.batch=auto with activation_checkpointing=auto: throughput = the (micro-batch, recompute plan) "
-                 "with the highest predicted images per second; batch = the largest micro-batch that fits, recomputing "
-                 "what it takes (BatchNorm statistics over more images)."),
+                 "with the most images per second, timed on real steps (the largest that fits among them); batch = the "
+                 "largest micro-batch that fits, recomputing what it takes (BatchNorm statistics over more images)."),
       budget_key(),
       double_key("memory.headroom", [](Config& c) -> double& { return c.memory.headroom; }, 0, 0.9,
                  "Share of the budget kept free: train.batch=auto and the governor aim for budget * (1 - headroom)."),

@@ -13,12 +13,19 @@
 
 namespace headroom::memory {
 
-// Enforces a budget for the probes' lifetime, then puts the previous limit back.
+// Enforces a budget for the probes' lifetime, then puts the previous limit back. On the CPU the
+// budget bounds the process: the probes' tensors get what its other memory (code, libraries,
+// buffers, the C heap) leaves, but not less than budget - headroom, what a step that fits may
+// use anyway (a probe at a size that does not fit ran to the whole budget, the process 0.17 GiB
+// over it). The prober measures that again before each step: building it and stepping grow the rest.
 class LimitGuard {
  public:
-  LimitGuard(MemoryMonitor& m, int64_t budget) : m_(m), previous_(m.sample().limit) {
-    if (budget > 0) m_.set_limit(budget);
+  LimitGuard(MemoryMonitor& m, int64_t budget, double headroom) : m_(m), previous_(m.sample().limit) {
+    if (budget > 0) m_.set_limit(probe_limit(m, budget, headroom));
   }
+  // `growth`: what the process's other memory grows by during a step (autograd's graph, the heap).
+  static int64_t probe_limit(MemoryMonitor& m, int64_t budget, double headroom, int64_t growth = 0);
+  static int64_t other_memory(MemoryMonitor& m);  // resident beyond the allocator's reserved memory
   ~LimitGuard() {
     try {
       m_.set_limit(previous_);
@@ -41,7 +48,9 @@ class PhaseProbe;
 // the trainer's own step primitives.
 class Prober {
  public:
-  Prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, train::AmpMode amp);
+  // `budget`: enforced during each step (on the CPU re-measured before each: LimitGuard).
+  Prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, train::AmpMode amp,
+         int64_t budget = 0);
 
   struct Result {
     bool fits = false;
@@ -60,6 +69,10 @@ class Prober {
   // `gradients_held`: every gradient is allocated before the step, as in the second and later
   // micro-batches of an accumulating step (the first makes them during its backward).
   Result step(int64_t b, bool gradients_held = false);
+  // The seconds of a whole step (and whether it fitted), as training runs it: no reads of the
+  // allocator between rows or phases (each is a device sync), and its cache kept from the step
+  // before: the fastest of two steps after one that warms it.
+  std::pair<bool, double> timed_step(int64_t b, bool gradients_held);
 
   train::Trainer& trainer() { return *trainer_; }
   void hold_gradients();
@@ -79,7 +92,13 @@ class Prober {
   void run_step(const data::HostBatch& batch, int64_t b, bool gradients_held, const StepTrace& t, Result& r);
   void split_by_stage(const StepTrace& t, Result& r) const;
 
+  void enforce_budget();
+  void measure_growth();
+
   MemoryMonitor& monitor_;
+  int64_t budget_ = 0;
+  double headroom_ = 0;
+  int64_t other_at_step_ = 0, step_growth_ = 0;  // the process's other memory at a step's start; its largest rise in one
   int64_t nc_, base_ = 0, size_ = 0, min_size_ = 0, rows_ = 0, densest_ = 0, min_batch_ = 1;
   std::unique_ptr<train::Trainer> trainer_;
   PhaseProbe* phases_ = nullptr;  // owned by trainer_

@@ -32,7 +32,7 @@ struct RunOptions {
 struct Run {
   Config config;                            // as the run trains: train.batch auto resolved
   c10::Device device = c10::Device(c10::kCPU);
-  int64_t budget = 0;                       // memory.budget in bytes
+  int64_t budget = 0;                       // memory.budget in bytes, less a data.cache=ram's images on the CPU
   std::shared_ptr<MemoryMonitor> monitor;
   std::unique_ptr<train::Trainer> trainer;  // its first hook is the governor, which runs its steps
   memory::Governor* governor = nullptr;     // owned by the trainer

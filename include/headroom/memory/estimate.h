@@ -121,26 +121,41 @@ struct BatchOption {
   int64_t batch = 0;
   std::string plan;             // "no stage", "every stage", "rows 2-3 C2f.. (stride 4), ..."
   int64_t predicted_peak = 0;
-  double images_per_second = 0;  // predicted from the probes' step and stage times
+  // Of a whole step in micro-batches of `batch`: measured where `timed`, else the probes' model
+  // scaled by what the nearest timed size measured against it.
+  double images_per_second = 0;
+  bool timed = false;
+};
+
+// A real step the automatic batch took, run as a later micro-batch of the step runs.
+struct BatchProbe {
+  int64_t batch = 0;
+  int64_t peak = -1;             // step peak incl. the step's other inputs and loader buffers; -1 = out of memory
+  int64_t predicted = 0;         // what the fitted line said before the step
+  double images_per_second = 0;  // of a whole step at this micro-batch, timed on a warm second step (0 = not timed)
+  bool every_stage = false;      // stepped again with every stage recomputed after its plan did not fit
 };
 
 struct AutoBatch {
   int64_t batch = 0;             // the micro-batch
   int64_t step_batch = 0;        // the loader batch: the images of one optimizer step
-  std::vector<std::pair<int64_t, int64_t>> tried;  // (batch, step peak incl. input buffers; -1 = out of memory)
+  std::vector<BatchProbe> tried;     // in the order taken
   std::vector<BatchOption> options;  // the fitting choices, best first (the first is the one taken)
   std::shared_ptr<RecomputePlanner> planner;  // memory.activation_checkpointing: auto
   MemoryEstimate estimate;
 };
 // train.batch=auto. The loader batch is the step: train.nominal_batch images (at most the
 // training images), so every optimizer step sums exactly that many; the governor cuts it into
-// balanced micro-batches. The micro-batch (at least the smallest the model trains at) is the
-// largest whose real step stays under budget * (1 - headroom) — fit from the probes, then
-// verified by stepping at the chosen size and the one above. With activation checkpointing
-// `auto` the micro-batch and the recompute plan are chosen together: among the (micro-batch,
-// fewest-stages plan) pairs predicted to fit, memory.prefer: throughput takes the highest
-// predicted images per second, batch the largest micro-batch; the choice is verified by a real
-// step. InputError with the table when the smallest micro-batch does not fit.
+// balanced micro-batches, so the sizes weighed are the largest parts of those cuts (32 images:
+// 32, 16, 11, 8, 7, ...). The micro-batch (at least the smallest the model trains at) is the
+// largest whose real step stays under budget * (1 - headroom): the fit's guess, then real steps
+// at the sizes around it, each only where the fit (corrected by the last step's measured peak)
+// predicts it under the enforced limit with a margin, so a probe is not expected to die; one
+// that does is a measured point. With activation checkpointing `auto` the micro-batch and the
+// recompute plan are chosen together: memory.prefer: batch takes the largest micro-batch any
+// plan fits, throughput the highest images per second among sizes timed on real steps (the
+// largest that fits always among them). InputError with the table when the smallest
+// micro-batch does not fit.
 AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget);
 std::string format_batch_options(const AutoBatch& a);
 
@@ -162,6 +177,8 @@ class RecomputePlanner {
  public:
   RecomputePlanner(MemoryEstimate estimate, ModeEstimate plain, ModeEstimate recomputed);
   const StagePlan& plan(int64_t size, int64_t micro_batch);
+  // A real step refuted the plan there: every stage is recomputed at that size from now on.
+  const StagePlan& recompute_all(int64_t size, int64_t micro_batch);
   std::string stages_of(const StagePlan& p) const;  // "no stage", or the recomputed stages' names
   std::string describe(const StagePlan& p, int64_t size, int64_t micro_batch) const;
   const MemoryEstimate& estimate() const { return e_; }
