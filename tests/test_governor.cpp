@@ -387,12 +387,13 @@ TEST(Planner, RecomputesTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
   // Where a real step refutes a plan (train.batch=auto), every stage is recomputed there, at the
   // peak every stage's own probes measured; other sizes keep theirs.
   const auto refuted = memory::make_recompute_planner(c, split, *monitor, budget);
+  const std::vector<bool> small_before = refuted->plan(64, 8).recomputed;
   const memory::StagePlan& every = refuted->recompute_all(128, 8);
   EXPECT_EQ(std::count(every.recomputed.begin(), every.recomputed.end(), true), int64_t(every.recomputed.size()));
   EXPECT_EQ(every.predicted_peak, refuted->estimate().predicted_peak(refuted->estimate().modes[1], 8));
   EXPECT_EQ(refuted->plan(128, 8).recomputed, every.recomputed);
   EXPECT_EQ(refuted->stages_of(refuted->plan(128, 8)), "every stage");
-  EXPECT_EQ(refuted->plan(64, 8).recomputed, small.recomputed);
+  EXPECT_EQ(refuted->plan(64, 8).recomputed, small_before);
   // Training with the plan stays under the budget: no out-of-memory error.
   train::TrainerParts parts = train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr);
   parts.monitor = monitor;

@@ -43,23 +43,29 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
 }
 
 // On the CPU memory.budget bounds the process, and data.cache=ram's decoded images live in it:
-// their bytes come off the tensors' share. A cache over half the budget is not made (the loader
-// reads the images from disk instead) so that the model keeps room to train. On CUDA the cache
-// is host memory, checked against the available memory when it is made.
+// the training images' bytes come off the tensors' share before the automatic batch and the
+// governor see it (the validation images' cache, made at the first validation, is the process's
+// growth, which the governor takes off the limit then). A cache over half the budget is not made
+// (the loader reads the images from disk instead) so that the model keeps room to train. On CUDA
+// the cache is host memory, checked against the available memory when it is made.
 int64_t budget_beside_ram_cache(Config& c, int64_t budget, const data::Split& train, const data::Split* val, c10::Device device) {
   if (c.data.cache != "ram" || !device.is_cpu() || budget <= 0) return budget;
-  const double images = double(train.samples.size()) + (val ? double(val->samples.size()) : 0.0);
-  const int64_t bytes = int64_t(images * 3.0 * double(c.data.imgsz) * double(c.data.imgsz));
-  if (2 * bytes > budget) {
+  const double image = 3.0 * double(c.data.imgsz) * double(c.data.imgsz);
+  const int64_t bytes = int64_t(double(train.samples.size()) * image);
+  const int64_t all = bytes + (val ? int64_t(double(val->samples.size()) * image) : 0);
+  if (2 * all > budget) {
     spdlog::warn("data.cache=ram: not caching: the decoded images need {}, more than half of memory.budget {} (on the CPU the "
                  "cache shares the budget with the tensors); reading images from disk instead (data.cache=disk keeps a "
                  "memory-mapped shard outside the budget, or raise memory.budget)",
-                 format_bytes(double(bytes)), format_bytes(double(budget)));
+                 format_bytes(double(all)), format_bytes(double(budget)));
     c.data.cache = "none";
     return budget;
   }
-  spdlog::info("data.cache=ram: the decoded images take {} of memory.budget {}; the tensors get the other {}", format_bytes(double(bytes)),
-               format_bytes(double(budget)), format_bytes(double(budget - bytes)));
+  spdlog::info("data.cache=ram: the decoded training images take {} of memory.budget {}; the tensors get the other {}{}",
+               format_bytes(double(bytes)), format_bytes(double(budget)), format_bytes(double(budget - bytes)),
+               all > bytes ? fmt::format(" (the validation images' {}, cached at the first validation, then come off it too)",
+                                         format_bytes(double(all - bytes)))
+                           : std::string());
   return budget - bytes;
 }
 

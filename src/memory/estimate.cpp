@@ -252,7 +252,8 @@ struct BatchSearch {
   const ModeEstimate& plain;  // the line without recompute (the planner's base when there is one)
   models::RecomputeMode configured_ck;
   int64_t least, cap;
-  int64_t ceiling;            // the enforced limit above the memory in use before the probes
+  MemoryMonitor& monitor;
+  int64_t base;               // the memory in use before the probes
   std::vector<int64_t> sizes;  // ascending
   double correction = 1.0;    // measured / predicted peak of the last step that fitted
 
@@ -260,8 +261,9 @@ struct BatchSearch {
   static constexpr double kMargin = 0.05;
   static constexpr int kTimed = 4;  // memory.prefer throughput: the most sizes timed
 
-  BatchSearch(Prober& p, AutoBatch& a, const ModeEstimate& plain, models::RecomputeMode ck, int64_t least, int64_t cap, int64_t ceiling)
-      : p(p), a(a), plain(plain), configured_ck(ck), least(least), cap(cap), ceiling(ceiling) {
+  BatchSearch(Prober& p, AutoBatch& a, const ModeEstimate& plain, models::RecomputeMode ck, int64_t least, int64_t cap,
+              MemoryMonitor& monitor, int64_t base)
+      : p(p), a(a), plain(plain), configured_ck(ck), least(least), cap(cap), monitor(monitor), base(base) {
     for (int64_t b = least; b <= cap; ++b) {
       const int64_t part = Governor::split(cap, b, least).front();
       if (sizes.empty() || sizes.back() != part) sizes.push_back(part);
@@ -308,9 +310,12 @@ struct BatchSearch {
     return r.fits && total <= a.estimate.usable;
   }
 
-  // Predicted (by the last step's correction) to fit, or under the enforced limit with the margin.
+  // Predicted (by the last step's correction) to fit, or under the enforced limit (on the CPU
+  // as the last step left it) with the margin.
   bool safe_to_probe(int64_t b) const {
-    const double bound = std::max(double(a.estimate.usable), (1 - kMargin) * double(ceiling));
+    const int64_t limit = monitor.sample().limit;
+    const double ceiling = limit > 0 ? double(limit - base) : std::numeric_limits<double>::infinity();
+    const double bound = std::max(double(a.estimate.usable), (1 - kMargin) * ceiling);
     return correction * double(option(b).predicted_peak) <= bound;
   }
 
@@ -388,6 +393,8 @@ struct BatchSearch {
         a.options.erase(best);
         continue;
       }
+      *best = option(best->batch);  // its plan may have become every stage there
+      model[best->batch] = best->images_per_second;
       time(*best);
       ++timed;
     }
@@ -418,9 +425,8 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   a.estimate.modes.push_back(plain);
   const int64_t cap = a.step_batch;
   if (plan_auto) fit_recompute_planner(p, least, cap, plain, a);
-  const int64_t enforced = monitor.sample().limit;
-  BatchSearch search(p, a, plain, configured_ck, least, cap, enforced > 0 ? enforced - base : std::numeric_limits<int64_t>::max());
-  if (plain.fixed < 0 || !search.fits(least))
+  BatchSearch search(p, a, plain, configured_ck, least, cap, monitor, base);
+  if (plain.fixed < 0 || !search.fits(search.sizes.front()))  // the smallest part a step is cut into
     throw InputError("train.batch=auto: " + (least == 1 ? std::string("one image does") : std::to_string(least) + " images (the "
                      "smallest micro-batch the model trains at) do") + " not fit memory.budget " + format_bytes(double(budget)) +
                      " minus " + std::to_string(int(100 * c.memory.headroom)) + "% headroom on " + monitor.device().str() + ".\n" +
@@ -466,7 +472,10 @@ const StagePlan& RecomputePlanner::plan(int64_t size, int64_t micro) {
   // keeps at the forward's end do not show that its backward makes its activations again.
   // Subtracting the savings alone from the plain line erred 4.5% low for every stage on YOLOv8n.
   const int64_t floor = recomputed_.fixed >= 0 ? e_.predicted_peak(scaled_ck, micro) : 0;
-  const auto peak = [&](double saved) { return std::max(e_.predicted_peak(scaled, micro, saved), floor); };
+  const auto peak = [&](double saved) {
+    const int64_t plain = e_.predicted_peak(scaled, micro, saved);
+    return saved > 0 ? std::max(plain, floor) : plain;
+  };
   p.step_seconds = scaled.seconds_per_image * double(micro);
   double saved = 0;
   for (size_t i : order) p.recompute_all_seconds += cost[i];

@@ -227,7 +227,7 @@ int64_t LimitGuard::probe_limit(MemoryMonitor& m, int64_t budget, double headroo
   if (!m.device().is_cpu()) return budget;
   m.release_cache();
   return_free_heap();  // the heap's free pages are not memory in use
-  return std::max(usable_budget(budget, headroom), budget - other_memory(m) - growth);
+  return std::clamp(budget - other_memory(m) - growth, usable_budget(budget, headroom), budget);
 }
 
 Prober make_prober(const Config& c, const std::shared_ptr<const data::Split>& split, MemoryMonitor& monitor, train::AmpMode amp,
