@@ -118,7 +118,7 @@ TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
                                                 model));
       train::Trainer t(parts_for(c, test::temp_dir("cut-start")));
       t.train();
-      models::save_weights(t.model(), models::WeightsInfo{t.train_split().names, {}}, weights);
+      models::save_weights(t.model(), models::WeightsInfo{t.train_split().names, {}, {}}, weights);
     }
     struct Cut {
       int64_t batch, micro;  // micro 0: the direct executor (each loader batch whole)
@@ -323,7 +323,7 @@ TEST(Train, InitFromLoadsMatchingTensorsAndListsTheRest) {
   const Config c2 = load_config("", tiny_run({}));
   models::Detector two = interop::run_model(c2, 2), three = interop::run_model(c2, 3);
   const std::string w = test::temp_dir("init-from") + "/two.pt";
-  models::save_weights(*two, models::WeightsInfo{{"a", "b"}, {}}, w);
+  models::save_weights(*two, models::WeightsInfo{{"a", "b"}, {}, {}}, w);
   const std::vector<std::string> skipped = interop::init_from_weights(*three, w);
   ASSERT_FALSE(skipped.empty());
   for (const auto& s : skipped) EXPECT_NE(s.find("shape"), std::string::npos) << s;  // only the class convolutions

@@ -264,8 +264,9 @@ struct BatchSearch {
   BatchSearch(Prober& p, AutoBatch& a, const ModeEstimate& plain, models::RecomputeMode ck, int64_t least, int64_t cap,
               MemoryMonitor& monitor, int64_t base)
       : p(p), a(a), plain(plain), configured_ck(ck), least(least), cap(cap), monitor(monitor), base(base) {
-    for (int64_t b = least; b <= cap; ++b) {
-      const int64_t part = Governor::split(cap, b, least).front();
+    for (int64_t b = least; b <= cap; ++b) {  // Governor::split's largest part, without making the parts
+      const int64_t parts = Governor::parts(cap, b, least);
+      const int64_t part = (cap + parts - 1) / parts;
       if (sizes.empty() || sizes.back() != part) sizes.push_back(part);
     }
   }

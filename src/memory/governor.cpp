@@ -150,9 +150,13 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
   }
 }
 
+int64_t Governor::parts(int64_t n, int64_t micro, int64_t smallest) {
+  const int64_t parts = (n + micro - 1) / std::max<int64_t>(micro, 1);
+  return std::max<int64_t>(1, std::min(parts, n / std::max<int64_t>(smallest, 1)));
+}
+
 std::vector<int64_t> Governor::split(int64_t n, int64_t micro, int64_t smallest) {
-  int64_t parts = (n + micro - 1) / std::max<int64_t>(micro, 1);
-  parts = std::max<int64_t>(1, std::min(parts, n / std::max<int64_t>(smallest, 1)));
+  const int64_t parts = Governor::parts(n, micro, smallest);
   std::vector<int64_t> out(size_t(parts), n / parts);
   for (int64_t i = 0; i < n % parts; ++i) ++out[size_t(i)];  // the larger parts first: the plan is made for them
   return out;

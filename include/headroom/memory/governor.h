@@ -82,6 +82,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   // A loader batch of n images in parts of at most `micro` images, balanced so that none is
   // below `smallest` where n allows it (7 by 2 with least 2: 3, 2, 2 — not 2, 2, 2, 1).
   static std::vector<int64_t> split(int64_t n, int64_t micro, int64_t smallest);
+  static int64_t parts(int64_t n, int64_t micro, int64_t smallest);  // how many split makes
   void set_micro_batch(int64_t images) { micro_ = images; }
   const std::vector<MemoryDecision>& decisions() const { return decisions_; }
 
