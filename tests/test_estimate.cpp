@@ -247,8 +247,10 @@ TEST(Estimate, TheProbesKeepTheProcessInsideItsBudgetOnTheCpu) {
   bool refused = false;
   for (const auto& [b, p] : e.configured().probes) refused = refused || (b == 48 && p < 0);
   EXPECT_TRUE(refused) << "the test needs a probe that does not fit\n" << memory::format_memory_estimate(e);
-  // 2% for what the rest grows by inside the probe at 48 images beyond the most any earlier step showed.
-  EXPECT_LE(peak, budget + budget / 50) << "process peak " << format_bytes(double(peak)) << " over the budget " << format_bytes(double(budget))
+  // 10% for what the rest grows by inside the failing probe at 48 images beyond the most any
+  // earlier step showed (a CUDA LibTorch's oneDNN scratch memory, outside the allocator's count:
+  // up to 3.5% in CI). With the whole budget for the tensors the process passed it by 55%.
+  EXPECT_LE(peak, budget + budget / 10) << "process peak " << format_bytes(double(peak)) << " over the budget " << format_bytes(double(budget))
                           << " (other memory " << format_bytes(double(other)) << ")";
   std::printf("budget %s, other memory at start %s, process peak during the probes %s\n", format_bytes(double(budget)).c_str(),
               format_bytes(double(other)).c_str(), format_bytes(double(peak)).c_str());
