@@ -3,6 +3,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/run_dir.h"
 #include "headroom/core/text.h"
+#include "headroom/data/letterbox.h"
 #include "headroom/memory/estimate.h"
 #include "headroom/memory/monitor.h"
 #include "headroom/memory/starvation.h"
@@ -50,9 +51,9 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
 // the cache is host memory, checked against the available memory when it is made.
 int64_t budget_beside_ram_cache(Config& c, int64_t budget, const data::Split& train, const data::Split* val, c10::Device device) {
   if (c.data.cache != "ram" || !device.is_cpu() || budget <= 0) return budget;
-  const double image = 3.0 * double(c.data.imgsz) * double(c.data.imgsz);
-  const int64_t bytes = int64_t(double(train.samples.size()) * image);
-  const int64_t all = bytes + (val ? int64_t(double(val->samples.size()) * image) : 0);
+  const int64_t image = data::canvas_bytes(c.data.imgsz);
+  const int64_t bytes = int64_t(train.samples.size()) * image;
+  const int64_t all = bytes + (val ? int64_t(val->samples.size()) * image : 0);
   if (2 * all > budget) {
     spdlog::warn("data.cache=ram: not caching: the decoded images need {}, more than half of memory.budget {} (on the CPU the "
                  "cache shares the budget with the tensors); reading images from disk instead (data.cache=disk keeps a "

@@ -102,7 +102,7 @@ DecodedCache::~DecodedCache() {
 
 // Geometry and boxes follow from the scan (header sizes + labels), before any decoding.
 void DecodedCache::plan(const Split& split, int canvas) {
-  slot_bytes_ = size_t(3) * canvas * canvas;
+  slot_bytes_ = size_t(canvas_bytes(canvas));
   for (const Sample& s : split.samples) {
     geometry_.push_back(letterbox_geometry(s.width, s.height, canvas));
     boxes_.push_back(boxes_in_canvas(s, geometry_.back()));

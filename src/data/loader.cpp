@@ -152,7 +152,7 @@ void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
     }
   } timed{*this, t0};
   const int64_t n = static_cast<int64_t>(order_.size());
-  const size_t slot_bytes = size_t(3) * options_.imgsz() * options_.imgsz();
+  const size_t slot_bytes = size_t(canvas_bytes(options_.imgsz()));
   uint8_t* dst = p.batch.images.data_ptr<uint8_t>() + size_t(slot) * slot_bytes;
   // An image that fails to decode is replaced by the next one in the epoch's order: the
   // replacement depends only on the data, so batches stay deterministic.

@@ -8,6 +8,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
+#include "headroom/data/letterbox.h"
 #include "headroom/train/trainer.h"
 #include "prober.h"
 
@@ -98,7 +99,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.nominal_batch = c.train.nominal_batch;
   e.prefetch = c.data.prefetch;
   e.input_buffers_on_device = monitor.device().is_cpu();
-  e.canvas_bytes = 3.0 * double(c.data.imgsz) * double(c.data.imgsz);
+  e.canvas_bytes = double(data::canvas_bytes(c.data.imgsz));
   return e;
 }
 }  // namespace

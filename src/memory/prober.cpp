@@ -78,12 +78,7 @@ Prober::Result Prober::step(int64_t b, bool gradients_held) {
   phases_->on = [&](train::StepPhase p) { on_phase(p, t, r); };
   enforce_budget();
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    run_step(batch, b, gradients_held, t, r);
-  } catch (const c10::Error& e) {
-    if (!is_out_of_memory(e)) throw;
-    trainer_->discard_gradients();
-  }
+  if (train_once(batch, b, gradients_held)) measured(t, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   measure_growth();
   trainer_->model().set_row_observer(nullptr);
@@ -100,17 +95,7 @@ std::pair<bool, double> Prober::timed_step(int64_t b, bool gradients_held) {
   bool fits = true;
   for (int i = 0; i < 3 && fits; ++i) {  // the first fills the allocator's cache and first-use state; the best of two after
     const auto t0 = std::chrono::steady_clock::now();
-    try {
-      if (gradients_held) hold_gradients();
-      trainer_->forward_backward(trainer_->prepare_step({batch}), 0, 0, b);
-      trainer_->update();
-      if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
-      monitor_.synchronize();
-    } catch (const c10::Error& e) {
-      if (!is_out_of_memory(e)) throw;
-      trainer_->discard_gradients();
-      fits = false;
-    }
+    fits = train_once(batch, b, gradients_held);
     if (i > 0) seconds = std::min(seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   measure_growth();
@@ -119,9 +104,11 @@ std::pair<bool, double> Prober::timed_step(int64_t b, bool gradients_held) {
 }
 
 void Prober::enforce_budget() {
-  monitor_.release_cache();
-  if (budget_ <= 0 || !monitor_.device().is_cpu()) return;
-  monitor_.set_limit(LimitGuard::probe_limit(monitor_, budget_, headroom_, step_growth_));
+  if (budget_ <= 0 || !monitor_.device().is_cpu()) {
+    monitor_.release_cache();
+    return;
+  }
+  monitor_.set_limit(LimitGuard::probe_limit(monitor_, budget_, headroom_, step_growth_));  // releases the cache first
   other_at_step_ = LimitGuard::other_memory(monitor_);
 }
 
@@ -162,15 +149,26 @@ void Prober::on_phase(train::StepPhase p, StepTrace& t, Result& r) {
   }
 }
 
-// The step itself, inside step()'s out-of-memory catch; the phase hooks fill `t` as it runs.
-void Prober::run_step(const data::HostBatch& batch, int64_t b, bool gradients_held, const StepTrace& t, Result& r) {
-  if (gradients_held) hold_gradients();
-  monitor_.reset_peak();
-  const train::StepInput in = trainer_->prepare_step({batch});
-  trainer_->forward_backward(in, 0, 0, b);
-  trainer_->update();
-  if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
-  monitor_.synchronize();
+// One training step on `batch`, as the trainer runs it (EMA included) and finished on the device;
+// false when it ran out of memory (its gradients are discarded).
+bool Prober::train_once(const data::HostBatch& batch, int64_t b, bool gradients_held) {
+  try {
+    if (gradients_held) hold_gradients();
+    monitor_.reset_peak();
+    trainer_->forward_backward(trainer_->prepare_step({batch}), 0, 0, b);
+    trainer_->update();
+    if (trainer_->ema()) trainer_->ema()->update(trainer_->model());
+    monitor_.synchronize();
+    return true;
+  } catch (const c10::Error& e) {
+    if (!is_out_of_memory(e)) throw;
+    trainer_->discard_gradients();
+    return false;
+  }
+}
+
+// A step that fitted: its peaks, from the allocator and the trace its phase hooks filled.
+void Prober::measured(const StepTrace& t, Result& r) {
   r.update_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.update_start).count();
   const MemoryStats s = monitor_.sample();
   r.fits = true;

@@ -89,7 +89,8 @@ class Prober {
   data::HostBatch synthetic_batch(int64_t b) const;
   void on_row(int row, StepTrace& t);
   void on_phase(train::StepPhase phase, StepTrace& t, Result& r);
-  void run_step(const data::HostBatch& batch, int64_t b, bool gradients_held, const StepTrace& t, Result& r);
+  bool train_once(const data::HostBatch& batch, int64_t b, bool gradients_held);
+  void measured(const StepTrace& t, Result& r);
   void split_by_stage(const StepTrace& t, Result& r) const;
 
   void enforce_budget();

@@ -32,6 +32,9 @@ struct Letterbox {
 
 Letterbox letterbox_geometry(int width, int height, int canvas);
 
+// Bytes of one letterboxed image: uint8 [3, canvas, canvas] (what the loader and the cache hold).
+inline int64_t canvas_bytes(int64_t canvas) { return 3 * canvas * canvas; }
+
 // Resizes `image` (any size: a scaled JPEG decode is fine) to the geometry's resized size and
 // writes it into `chw` = uint8 [3, canvas, canvas] (RGB planes), padding with kPadValue.
 void letterbox_to_chw(const Image& image, const Letterbox& g, uint8_t* chw, Preprocess p = Preprocess::fast);
