@@ -8,6 +8,15 @@
 // the first batch of the next in hand (its loader wait included), the time a device would sit
 // idle there. The steps after --warmup are measured.
 //
+// The device's own view comes from marks on its queue (core/stream.h: CUDA events; the host's
+// clock on the CPU) at each measured step's start (its batches in hand) and end (its hooks
+// queued): device_busy_pct is the share of the measured window the device spent inside steps,
+// and epoch_boundary_device_s the device time between an epoch's last step and the next one's
+// first, where it trains nothing (the epoch's end, last.pt's snapshot, the loader's wait). Gaps
+// inside a step (the device waiting for the host to launch kernels) count as busy there. A mark
+// at the step's input phase gives input_device_s: the device time from a step's start until its
+// input (copy, augmentation) is ready on the compute stream, what the side stream did not hide.
+//
 // With --plain (CPU), the same model and loss first train as a plain LibTorch loop does:
 // LibTorch's default allocator, no governor, no hooks, torch::optim::SGD, on one step's batches
 // augmented once. The ratio of the two model steps (forward to update), plain over Headroom, is
@@ -31,6 +40,7 @@
 #include "headroom/core/device.h"
 #include "headroom/core/json.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/stream.h"
 #include "headroom/core/threads.h"
 #include "headroom/data/synth.h"
 #include "headroom/memory/cpu_allocator.h"
@@ -60,7 +70,9 @@ constexpr size_t kNumPhases = sizeof kPhases / sizeof kPhases[0];
 // Seconds per phase, summed over the measured steps.
 struct Timing {
   double phase[kNumPhases] = {};
-  double steps_seconds = 0, wall_seconds = 0, boundary_seconds = 0;
+  double steps_seconds = 0, wall_seconds = 0, boundary_seconds = 0, boundary_data_seconds = 0;
+  double device_window = 0, device_steps = 0, device_boundary = 0, device_input = 0;  // from the device's marks
+  int64_t device_boundaries = 0;
   int64_t steps = 0, images = 0, boundaries = 0;
   Usage start, end;  // at the first measured step and after the last
   Json json(const std::string& runner, const Config& c, c10::Device device) const {
@@ -83,6 +95,12 @@ struct Timing {
     j["outside_steps_s"] = std::max(0.0, wall_seconds - steps_seconds);
     j["epoch_boundaries"] = boundaries;
     j["epoch_boundary_s"] = boundaries > 0 ? boundary_seconds / double(boundaries) : 0.0;
+    j["epoch_boundary_data_s"] = boundaries > 0 ? boundary_data_seconds / double(boundaries) : 0.0;  // of which the loader's wait
+    if (device_window > 0) {
+      j["device_busy_pct"] = 100.0 * device_steps / device_window;
+      j["epoch_boundary_device_s"] = device_boundaries > 0 ? device_boundary / double(device_boundaries) : 0.0;
+      j["input_device_s"] = device_input / double(std::max<int64_t>(steps, 1));
+    }
     j["minor_faults_per_step"] = double(end.minor_faults - start.minor_faults) / double(std::max<int64_t>(steps, 1));
     j["system_s_per_step"] = (end.system_seconds - start.system_seconds) / double(std::max<int64_t>(steps, 1));
     return j;
@@ -93,7 +111,7 @@ struct Timing {
 // Times the trainer's steps by phase. Registered last: its after_step follows the other hooks'.
 class PhaseTimer : public train::Hook {
  public:
-  PhaseTimer(Timing& t, int64_t warmup) : t_(t), warmup_(warmup) {}
+  PhaseTimer(Timing& t, int64_t warmup, c10::Device device) : t_(t), warmup_(warmup), clock_(device) {}
   void before_train(train::Trainer&) override { start_ = Clock::now(); }
   void after_epoch(train::Trainer&) override { boundary_ = true; }
   void before_step(train::Trainer& tr) override {
@@ -102,7 +120,11 @@ class PhaseTimer : public train::Hook {
     wait_ = tr.data_wait_seconds();
     std::fill(std::begin(now_), std::end(now_), 0.0);
   }
+  void after_data(train::Trainer& tr) override {
+    if (tr.state().step >= warmup_) marks_.push_back({clock_.mark(), 0, 0, boundary_});
+  }
   void after_phase(train::Trainer& tr, train::StepPhase p) override {
+    if (p == train::StepPhase::input && tr.state().step >= warmup_ && marks_.back().input == 0) marks_.back().input = clock_.mark();
     const double dt = since(last_);
     last_ = Clock::now();
     if (p == train::StepPhase::input && now_[0] == 0 && now_[1] == 0) {
@@ -112,6 +134,19 @@ class PhaseTimer : public train::Hook {
     }
     now_[size_t(p) + 1] += dt;
   }
+  // The device's figures, from the marks of the measured steps (waits for the device).
+  void after_train(train::Trainer&) override {
+    if (marks_.empty()) return;
+    t_.device_window = clock_.seconds(marks_.front().start, marks_.back().end);
+    for (size_t i = 0; i < marks_.size(); ++i) {
+      t_.device_steps += clock_.seconds(marks_[i].start, marks_[i].end);
+      t_.device_input += clock_.seconds(marks_[i].start, marks_[i].input);
+      if (i > 0 && marks_[i].after_boundary) {
+        t_.device_boundary += clock_.seconds(marks_[i - 1].end, marks_[i].start);
+        ++t_.device_boundaries;
+      }
+    }
+  }
   void after_step(train::Trainer& tr) override {
     now_[6] = since(last_);
     step_end_ = Clock::now();
@@ -120,18 +155,25 @@ class PhaseTimer : public train::Hook {
       if (tr.state().step == warmup_) start_ = Clock::now(), t_.start = usage();
       return;
     }
+    marks_.back().end = clock_.mark();
     t_.end = usage();
     for (size_t i = 0; i < kNumPhases; ++i) t_.phase[i] += now_[i];
     t_.steps_seconds += since(step_start_);
-    if (after_boundary) t_.boundary_seconds += gap_ + now_[0], ++t_.boundaries;
+    if (after_boundary) t_.boundary_seconds += gap_ + now_[0], t_.boundary_data_seconds += now_[0], ++t_.boundaries;
     t_.wall_seconds = since(start_);
     ++t_.steps;
     t_.images += tr.batch() * tr.accumulate();
   }
 
  private:
+  struct StepMarks {
+    size_t start, end, input;  // input: the first input phase's (a retried step prepares again); 0 = none yet
+    bool after_boundary;
+  };
   Timing& t_;
   int64_t warmup_;
+  DeviceClock clock_;
+  std::vector<StepMarks> marks_;
   Clock::time_point start_, step_start_, step_end_, last_;
   double wait_ = 0, gap_ = 0, now_[kNumPhases] = {};
   bool boundary_ = false;  // an epoch ended since the last step
@@ -256,7 +298,7 @@ int main(int argc, char** argv) {
     o.train = split;  // no val split: no validation
     cli::Run run = cli::build_run(c, device, o);
     Timing t;
-    run.trainer->register_hook(std::make_unique<PhaseTimer>(t, warmup));
+    run.trainer->register_hook(std::make_unique<PhaseTimer>(t, warmup, device));
     run.trainer->train();
     Json j = t.json("headroom", run.config, device);
     const MemoryStats m = run.monitor->sample();

@@ -1,7 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <thread>
+
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
+#include "headroom/core/stream.h"
+
+#ifdef HEADROOM_WITH_CUDA
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 using namespace headroom;
 
@@ -80,3 +91,79 @@ TEST(Device, ThisBuildReportsItsCuda) {
   const Json j = cuda_status_json(s);
   EXPECT_EQ(j.find("built")->as_bool(), s.built);
 }
+
+// On the CPU the device's marks are the host's clock, and the side stream's work runs in place.
+TEST(Device, TheCpuClockAndSideStreamAreTheHosts) {
+  DeviceClock clock(c10::Device(c10::kCPU));
+  const size_t a = clock.mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const size_t b = clock.mark();
+  EXPECT_EQ(clock.marks(), 2u);
+  EXPECT_GE(clock.seconds(a, b), 0.02);
+  EXPECT_LT(clock.seconds(a, b), 5.0);
+  SideStream side(c10::Device(c10::kCPU));
+  EXPECT_FALSE(side.separate());
+  at::Tensor made;
+  side.run([&] {
+    made = at::arange(6).mul(2);
+    return std::vector<at::Tensor>{made};
+  });
+  EXPECT_TRUE(at::equal(made, at::arange(0, 12, 2)));
+}
+
+#ifdef HEADROOM_WITH_CUDA
+// On CUDA the work runs on a stream of its own and the compute stream waits for it: a work slowed
+// down on the device (a sleep kernel before its copy) is still what the compute stream reads.
+TEST(Device, CudaSideStreamWorkIsReadyForTheComputeStream) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  SideStream side(cuda);
+  EXPECT_TRUE(side.separate());
+  DeviceClock clock(cuda);
+  const at::Tensor host = at::arange(1 << 22, at::kFloat).pin_memory();
+  const auto compute = c10::cuda::getCurrentCUDAStream().id();
+  const size_t a = clock.mark();
+  at::Tensor made;
+  bool elsewhere = false;
+  side.run([&] {
+    elsewhere = c10::cuda::getCurrentCUDAStream().id() != compute;
+    at::cuda::sleep(int64_t(1) << 28);  // ~0.1 s of the side stream before the copy
+    made = host.to(cuda, /*non_blocking=*/true).mul_(3);
+    return std::vector<at::Tensor>{made};
+  });
+  EXPECT_TRUE(elsewhere);
+  EXPECT_EQ(c10::cuda::getCurrentCUDAStream().id(), compute);
+  const at::Tensor back = made.add(1);  // queued on the compute stream behind the event
+  const size_t b = clock.mark();
+  EXPECT_TRUE(at::equal(back.cpu(), host.mul(3).add(1)));
+  EXPECT_GT(clock.seconds(a, b), 0.0);
+}
+
+// What the work hands over is recorded as used on the compute stream: freed while the compute
+// stream still has work queued on it, its memory is not given to the next work.
+TEST(Device, CudaSideStreamMemoryWaitsForTheComputeStream) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  SideStream side(cuda);
+  const auto opt = at::TensorOptions().device(cuda);
+  const void* first = nullptr;
+  {
+    at::Tensor made;
+    side.run([&] {
+      made = at::ones({1 << 20}, opt);
+      return std::vector<at::Tensor>{made};
+    });
+    at::cuda::sleep(int64_t(1) << 30);  // the compute stream busy for a while...
+    made.add_(1);                        // ...then using the handed-over tensor
+    first = made.data_ptr();
+  }  // freed on the host while the compute stream still has it queued
+  const void* second = nullptr;
+  side.run([&] {
+    const at::Tensor again = at::empty({1 << 20}, opt);
+    second = again.data_ptr();
+    return std::vector<at::Tensor>{again};
+  });
+  EXPECT_NE(first, second);
+  c10::cuda::getCurrentCUDAStream().synchronize();
+}
+#endif

@@ -67,6 +67,14 @@ TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
   for (const char* part : {"parameters", "gradients", "optimizer state", "EMA", "input buffers", "the step's other 1 batches",
                            "per image", "loss and assigner", "largest batch under", "(stride "})
     EXPECT_NE(table.find(part), std::string::npos) << part << "\n" << table;
+  // CUDA's side stream holds the next step's input beside the step: one more set of its augmented
+  // images (8 per step here) in every prediction and in the table. The CPU has none.
+  EXPECT_FALSE(e.input_beside);
+  EXPECT_EQ(table.find("side stream"), std::string::npos);
+  memory::MemoryEstimate beside = e;
+  beside.input_beside = true;
+  EXPECT_EQ(beside.predicted_peak(4) - e.predicted_peak(4), 8 * 3 * e.imgsz * e.imgsz * 4);
+  EXPECT_NE(memory::format_memory_estimate(beside).find("the next step's input (side stream)"), std::string::npos);
 }
 
 TEST(AutoBatch, TheChosenBatchFitsAndOneMoreDoesNot) {

@@ -615,7 +615,67 @@ TEST(Train, AutoOptimizerChoosesAsUltralytics) {
   EXPECT_NE(recorded.find("optimizer: adamw"), std::string::npos) << recorded;
 }
 
+// cuDNN autotuning: train.cudnn_benchmark auto is on for CUDA runs at a fixed size only.
+TEST(Train, CudnnAutotuningIsOnForFixedSizesOnCuda) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  const Config fixed = load_config("", tiny_run({}));
+  EXPECT_TRUE(train::cudnn_benchmark(fixed, cuda));
+  EXPECT_FALSE(train::cudnn_benchmark(fixed, cpu));
+  EXPECT_FALSE(train::cudnn_benchmark(load_config("", tiny_run({"augment.multi_scale=0.5"})), cuda));
+  EXPECT_TRUE(train::cudnn_benchmark(load_config("", tiny_run({"augment.multi_scale=0.5", "train.cudnn_benchmark=on"})), cuda));
+  EXPECT_FALSE(train::cudnn_benchmark(load_config("", tiny_run({"train.cudnn_benchmark=false"})), cuda));
+  EXPECT_TRUE(train::trainer_options(fixed, cuda).cudnn_benchmark());
+}
+
+// after_data comes once per step, after the loader's batches are in hand and before anything of
+// the step is queued (bench_train's device marks rely on it).
+TEST(Train, AfterDataComesBetweenTheLoaderAndTheStep) {
+  const Config c = load_config("", tiny_run({"train.steps=2", "train.batch=8", "train.val_every=0", "train.ema=false"}));
+  train::Trainer t(parts_for(c, test::temp_dir("after-data")));
+  struct Order : train::Hook {
+    std::vector<std::string> calls;
+    int64_t loaded = -1;
+    void before_step(train::Trainer&) override { calls.push_back("before_step"); }
+    void after_data(train::Trainer& tr) override {
+      calls.push_back("after_data");
+      loaded = tr.state().batch;
+    }
+    void after_phase(train::Trainer&, train::StepPhase p) override {
+      if (p == train::StepPhase::input) calls.push_back("input");
+    }
+    void after_step(train::Trainer&) override { calls.push_back("after_step"); }
+  };
+  auto order = std::make_unique<Order>();
+  Order& o = *order;
+  t.register_hook(std::move(order));
+  t.train();
+  const std::vector<std::string> step = {"before_step", "after_data", "input", "after_step"};
+  std::vector<std::string> both = step;
+  both.insert(both.end(), step.begin(), step.end());
+  EXPECT_EQ(o.calls, both);
+  EXPECT_EQ(o.loaded, 1);  // the cursor still at the step's first batch: the step has not run
+}
+
 #ifdef HEADROOM_WITH_CUDA
+// Batches copied and augmented on the side stream train as on the compute stream: the same
+// weights after 3 steps, up to cuDNN's non-deterministic kernels (fp32; autotuning off, which
+// could pick other algorithms in each run).
+TEST(Train, InputOnASideStreamTrainsAsOnTheComputeStream) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  std::vector<std::vector<at::Tensor>> weights;
+  for (const char* side : {"true", "false"}) {
+    const Config c = load_config("", tiny_run({"device=cuda", "train.steps=3", "train.val_every=0", "augment.mosaic=1",
+                                               "train.amp=off", "train.cudnn_benchmark=off", std::string("data.side_stream=") + side}));
+    at::manual_seed(0);
+    train::Trainer t(train::make_trainer_parts(c, cuda, test::temp_dir("copy-stream")));
+    EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
+    t.train();
+    weights.push_back(params_of(t.model()));
+  }
+  EXPECT_LT(relative_difference(weights[0], weights[1]), 1e-5);
+}
+
 // No host sync inside a step on CUDA: steps run by the memory governor's executor (what
 // `trainer train` uses) between two counter reads, with the sync-debug mode set to error (a
 // blocking copy or .item() would throw). One step first, for the libraries' first-use setup.

@@ -259,6 +259,10 @@ std::vector<ConfigKey> build_schema() {
                    "Decode threads; auto = min(cores, 8); 0 decodes on the consumer's thread."),
       int_key<int>("data.prefetch", [](Config& c) -> int& { return c.data.prefetch; }, 1, 64,
                    "Decoded batches kept ready ahead of the consumer."),
+      bool_key("data.side_stream", [](Config& c) -> bool& { return c.data.side_stream; },
+               "CUDA: copy each step's batches to the device and augment them on a stream of their own, "
+               "beside the step before still running there (the compute stream waits for them by an event); "
+               "false: on the compute stream, behind that step."),
       choice_key("data.cache", [](Config& c) -> std::string& { return c.data.cache; }, {"none", "ram", "disk"},
                           "Decoded-image cache: ram holds letterboxed images in memory (checked "
                           "against free memory first; on the CPU inside memory.budget, at most half "
@@ -352,6 +356,12 @@ std::vector<ConfigKey> build_schema() {
                         "Mixed precision: fp16 (CUDA; with a dynamic loss scaler), bf16 (CUDA or CPU, no scaler), "
                         "off; auto = fp16 on CUDA, off on the CPU.",
                         {{"true", "fp16"}, {"false", "off"}, {"True", "fp16"}, {"False", "off"}}),
+      choice_key("train.cudnn_benchmark", [](Config& c) -> std::string& { return c.train.cudnn_benchmark; },
+                 {"auto", "on", "off"},
+                 "cuDNN autotuning: each convolution's algorithm is timed at the first step of each shape and the "
+                 "fastest kept (PyTorch's cudnn.benchmark); auto = on for CUDA runs with a fixed image size, off "
+                 "with augment.multi_scale (every new size would be tuned again) and on the CPU.",
+                 {{"true", "on"}, {"false", "off"}, {"True", "on"}, {"False", "off"}}),
       bool_key("train.ema", [](Config& c) -> bool& { return c.train.ema; },
                "Keep an exponential moving average of the weights; it is what validation and best.pt use."),
       double_key("train.ema_decay", [](Config& c) -> double& { return c.train.ema_decay; }, 0, 1, "EMA decay."),

@@ -54,6 +54,10 @@ int64_t MemoryEstimate::step_inputs(int64_t b) const {
   return (step_images(b) - b) * 3 * imgsz * imgsz * int64_t(sizeof(float));
 }
 
+int64_t MemoryEstimate::next_input(int64_t b) const {
+  return input_beside ? step_images(b) * 3 * imgsz * imgsz * int64_t(sizeof(float)) : 0;
+}
+
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
   // The step's peak moves with the batch: at small batches it sits in the backward, where the
   // gradients have been allocated and few activations are left, so the two probes' peaks grow
@@ -69,7 +73,7 @@ int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double 
   const double phase = std::max(m.fixed + m.per_image * double(b) + held,
                                 m.forward_fixed + m.forward_per_image * double(b) + (accumulating ? double(fixed.gradients) : 0.0));
   const double step = phase + double(step_inputs(b)) - savings;
-  return int64_t(std::max(step, m.update_peak)) + input_buffers(b) + m.allocator_overhead;
+  return int64_t(std::max(step, m.update_peak)) + next_input(b) + input_buffers(b) + m.allocator_overhead;
 }
 
 int64_t MemoryEstimate::largest_batch(const ModeEstimate& m) const {
@@ -100,6 +104,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.prefetch = c.data.prefetch;
   e.input_buffers_on_device = monitor.device().is_cpu();
   e.canvas_bytes = double(data::canvas_bytes(c.data.imgsz));
+  e.input_beside = monitor.device().is_cuda() && c.data.side_stream;
   return e;
 }
 }  // namespace
@@ -154,6 +159,8 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
   if (e.accumulate(e.batch) > 1)
     s += fmt::format("  {:<40}{:>12}\n", fmt::format("the step's other {} batches, augmented", e.accumulate(e.batch) - 1),
                      b(double(e.step_inputs(e.batch))));
+  if (e.input_beside)
+    s += fmt::format("  {:<40}{:>12}\n", "the next step's input (side stream)", b(double(e.next_input(e.batch))));
   for (const auto& m : e.modes) {
     s += fmt::format("\n  {}{}\n", m.name, m.configured ? "  (this config)" : "");
     if (m.fixed < 0) {
@@ -210,7 +217,8 @@ Json memory_estimate_json(const MemoryEstimate& e) {
                        {"parameters", e.fixed.parameters}, {"gradients", e.fixed.gradients}, {"optimizer", e.fixed.optimizer},
                        {"ema", e.fixed.ema}, {"update_workspace", e.update_workspace},
                        {"input_buffers_at_batch", e.input_buffers(e.batch)}, {"input_buffers_on_device", e.input_buffers_on_device},
-                       {"step_inputs_at_batch", e.step_inputs(e.batch)}, {"host_rss", e.host_rss},
+                       {"step_inputs_at_batch", e.step_inputs(e.batch)}, {"next_input_at_batch", e.next_input(e.batch)},
+                       {"input_beside", e.input_beside}, {"host_rss", e.host_rss},
                        {"host_peak_rss", e.host_peak_rss}, {"modes", std::move(modes)}});
 }
 
@@ -306,7 +314,8 @@ struct BatchSearch {
     const int64_t predicted = option(b).predicted_peak;
     const Prober::Result r = p.step(b, a.estimate.step_images(b) > b);
     const int64_t total =
-        r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.input_buffers(b) : -1;
+        r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.next_input(b) + a.estimate.input_buffers(b)
+               : -1;
     a.tried.push_back(BatchProbe{b, total, predicted});
     if (r.fits && predicted > 0) correction = double(total) / double(predicted);
     return r.fits && total <= a.estimate.usable;

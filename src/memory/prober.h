@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "headroom/core/logging.h"
@@ -104,6 +105,8 @@ class Prober {
   std::unique_ptr<train::Trainer> trainer_;
   PhaseProbe* phases_ = nullptr;  // owned by trainer_
   std::vector<models::StageSpan> stages_;
+  bool tuned_ = false;        // CUDA with cuDNN autotuning: each size's first step is a warm-up
+  std::set<int64_t> warmed_;  // the sizes stepped so far
 };
 
 // The prober, or an InputError when the model and its training state alone exceed the budget.

@@ -49,7 +49,14 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .keep_first_batch(t.plots)
       .config_yaml(config_to_yaml(c))
       .sync_bn(c.distributed.sync_bn)
-      .async_checkpoints(t.async_checkpoints);
+      .async_checkpoints(t.async_checkpoints)
+      .cudnn_benchmark(cudnn_benchmark(c, device))
+      .side_stream(c.data.side_stream);
+}
+
+bool cudnn_benchmark(const Config& c, c10::Device device) {
+  if (c.train.cudnn_benchmark != "auto") return c.train.cudnn_benchmark == "on";
+  return device.is_cuda() && c.augment.multi_scale <= 0;
 }
 
 Config with_chosen_optimizer(const Config& c, int64_t images, int64_t nc, int64_t world) {

@@ -15,18 +15,28 @@ StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
   std::vector<at::Tensor> counts;
   for (const data::HostBatch& batch : batches) {
     // Host -> device without blocking (the loader pins batches for CUDA runs), then on-device
-    // augmentation with per-image parameters drawn there (the same draws on a re-run).
+    // augmentation with per-image parameters drawn there (the same draws on a re-run); on CUDA
+    // both on the side stream, beside the step before.
     StepInput::Batch b;
-    if (augmenter_) {
-      const augment::Batch a = (*augmenter_)(batch, device_);
-      b.images = a.images;
-      b.targets = losses::make_targets(a.boxes, a.classes, a.crowd);
-      if (options_.keep_first_batch() && !first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
-    } else {
-      b.images = eval::model_input(batch.images, device_);
-      b.targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
-      if (options_.keep_first_batch() && !first_batch_) first_batch_ = batch;
-    }
+    auto input = [&]() -> std::vector<at::Tensor> {
+      if (augmenter_) {
+        const augment::Batch a = (*augmenter_)(batch, device_);
+        b.images = a.images;
+        b.targets = losses::make_targets(a.boxes, a.classes, a.crowd);
+        if (options_.keep_first_batch() && !first_batch_) first_batch_ = augment::to_host_batch(a, batch);  // one host copy per process
+      } else {
+        b.images = eval::model_input(batch.images, device_);
+        b.targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
+        if (options_.keep_first_batch() && !first_batch_) first_batch_ = batch;
+      }
+      std::vector<at::Tensor> made = b.targets.tensors();
+      made.push_back(b.images);
+      return made;
+    };
+    if (side_stream_)
+      side_stream_->run(input);
+    else
+      input();
     if (b.images.device() != device_ || b.targets.boxes.device() != device_)  // metadata only: no sync
       throw DeviceError("the batch is on " + b.images.device().str() + ", the run trains on " + device_.str());
     const at::Tensor c = loss_->counts(b.targets, b.images.size(2), b.images.size(3));

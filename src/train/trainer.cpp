@@ -65,9 +65,16 @@ Trainer::Trainer(TrainerParts parts)
   counters_ = std::make_unique<DeviceCounters>(loss_->term_names(), group_names, device_);
   model_->train();
   register_state();
+  if (device_.is_cuda()) {
+    cudnn_benchmark_before_ = at::globalContext().benchmarkCuDNN();  // process-wide: given back at the end
+    at::globalContext().setBenchmarkCuDNN(options_.cudnn_benchmark());
+    if (options_.side_stream()) side_stream_ = std::make_unique<SideStream>(device_);
+  }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (cudnn_benchmark_before_) at::globalContext().setBenchmarkCuDNN(*cudnn_benchmark_before_);
+}
 
 void Trainer::register_hook(std::unique_ptr<Hook> hook) {
   Hook* h = hook.get();
@@ -132,6 +139,7 @@ void Trainer::run_step() {
   const auto t0 = std::chrono::steady_clock::now();
   each_hook([&](Hook& h) { h.before_step(*this); });
   const std::vector<data::HostBatch> batches = next_batches();
+  each_hook([&](Hook& h) { h.after_data(*this); });
   if (monitor_) monitor_->reset_peak();
   const bool writing = checkpoint_writer_.writing();  // then the peak may hold a snapshot too
   (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);

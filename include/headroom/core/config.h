@@ -28,6 +28,7 @@ struct DataConfig {
   int imgsz = 640;                  // square canvas the loader letterboxes into
   AutoInt workers;                  // decode threads; auto = min(cores, 8); 0 = caller's thread
   int prefetch = 4;                 // decoded batches kept ready ahead of the consumer
+  bool side_stream = true;          // CUDA: batches copied and augmented on a stream of their own
   std::string cache = "none";       // none | ram | disk (data::CacheMode)
   std::string on_error = "skip";    // skip | fail (data::OnError)
   int64_t max_pixels = 89478485;    // decompression-bomb limit (PIL's default)
@@ -190,6 +191,7 @@ struct TrainConfig {
   double warmup_momentum = 0.8;
   double warmup_bias_lr = 0.1;
   std::string amp = "auto";         // auto | off | fp16 | bf16
+  std::string cudnn_benchmark = "auto";  // auto | on | off
   bool ema = true;
   double ema_decay = 0.9999;
   double ema_tau = 2000;

@@ -34,6 +34,7 @@ struct Targets {
   at::Tensor classes;  // [B, N] int64
   at::Tensor mask;     // [B, N] bool: rows that are trained on (not padding, not crowd)
   Targets narrow(int64_t start, int64_t length) const;  // images [start, start + length)
+  std::vector<at::Tensor> tensors() const { return {boxes, classes, mask}; }
 };
 
 // From the loader's batch tensors (on any device): padding rows (class -1) and crowd boxes masked.

@@ -77,6 +77,9 @@ struct MemoryEstimate {
   // budget on the CPU, whose memory they share; on CUDA they are host memory.
   bool input_buffers_on_device = false;
   double canvas_bytes = 0;   // one loader image
+  // CUDA with data.side_stream: the next step's input is prepared on the side stream while this
+  // step runs, and each step's input is held until the compute stream is done with it.
+  bool input_beside = false;
   // The process's resident memory after the probes, and its peak: on the CPU the tensors and
   // everything else (code, libraries, buffers), which the budget bounds; on CUDA the host side.
   int64_t host_rss = 0, host_peak_rss = 0;
@@ -90,9 +93,12 @@ struct MemoryEstimate {
   // The step's other loader batches, augmented on the device and held while one runs: a step
   // counts its loss normalisers over all of them before the first backward.
   int64_t step_inputs(int64_t batch) const;
+  // The next step's input, augmented beside this step (input_beside): one more set of its images.
+  int64_t next_input(int64_t batch) const;
   // The peak of a training step at `batch`: the larger phase (in an accumulating step, also a
   // later micro-batch's forward on top of the earlier ones' gradients), plus the step's other
-  // batches' inputs, the input buffers and the allocator's overhead.
+  // batches' inputs, the next step's input (input_beside), the input buffers and the allocator's
+  // overhead.
   // `savings`: activation bytes a checkpoint plan frees from the forward/backward phase.
   int64_t predicted_peak(const ModeEstimate& m, int64_t batch, double savings = 0) const;
   int64_t predicted_peak(int64_t batch) const { return predicted_peak(configured(), batch); }

@@ -43,10 +43,16 @@ struct TrainerOptions {
   TORCH_ARG(bool, sync_bn) = false;         // BatchNorm statistics over every rank's images
   TORCH_ARG(bool, async_checkpoints) = true;  // CheckpointWriter: a snapshot written by a thread
   TORCH_ARG(int64_t, memory_usable) = 0;    // bytes the run may hold (budget - headroom); 0 = unbounded
+  TORCH_ARG(bool, cudnn_benchmark) = false; // CUDA: cuDNN autotuning (process-wide, set by the trainer)
+  TORCH_ARG(bool, side_stream) = true;      // CUDA: the step's input prepared on a side stream (core/stream.h)
 };
 // The train section (and the device's precision) as trainer options. train.optimizer must not be
 // auto (with_chosen_optimizer resolves it).
 TrainerOptions trainer_options(const Config& c, c10::Device device);
+
+// train.cudnn_benchmark on this device: auto = on for CUDA runs whose image size is fixed (no
+// multi-scale: every new size is tuned again, a pause each time).
+bool cudnn_benchmark(const Config& c, c10::Device device);
 
 // `train.optimizer: auto` as Ultralytics' build_optimizer chooses: over 10,000 iterations
 // (ceil(images / max(batch x ranks, nominal_batch)) x epochs, or train.steps) musgd with lr0 0.01,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "headroom/core/json.h"
+#include "headroom/core/stream.h"
 #include "headroom/data/cache.h"
 #include "headroom/train/checkpoint_writer.h"
 #include "headroom/train/counters.h"
@@ -46,6 +47,9 @@ class Hook {
   virtual void before_train(Trainer&) {}
   virtual void before_epoch(Trainer&) {}
   virtual void before_step(Trainer&) {}
+  // The step's loader batches are in hand (the loader's wait is over); nothing of the step is
+  // queued on the device yet.
+  virtual void after_data(Trainer&) {}
   virtual void after_phase(Trainer&, StepPhase) {}
   virtual void after_step(Trainer&) {}
   virtual void after_epoch(Trainer&) {}
@@ -95,7 +99,8 @@ class Trainer {
   void run_step();
 
   // The step primitives executors compose. prepare_step copies the batches to the device
-  // (non-blocking, from the loader's pinned memory), augments them, and counts the step's loss
+  // (non-blocking, from the loader's pinned memory) and augments them, on CUDA on a side stream
+  // the compute stream then waits for (TrainerOptions::side_stream), and counts the step's loss
   // normalisers; forward_backward runs images [start, start + len) of loader batch `batch`
   // under autocast and adds their (scaled) gradients; update unscales, checks for non-finite
   // values, clips, steps the optimizer and commits the counters.
@@ -203,6 +208,8 @@ class Trainer {
   std::unique_ptr<ModelEma> ema_;
   std::unique_ptr<losses::DetectionLoss> loss_;
   std::unique_ptr<augment::Augmenter> augmenter_;
+  std::unique_ptr<SideStream> side_stream_;  // CUDA: the step's input (copy, augmentation) beside the step before
+  std::optional<bool> cudnn_benchmark_before_;  // CUDA: the process's cuDNN autotuning before this trainer set it
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<Schedule> schedule_;
