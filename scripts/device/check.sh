@@ -3,7 +3,9 @@
 # (scripts/device/pack-build.sh: binaries built here against the same torch wheel) it runs them;
 # without, it first builds against the machine's torch with the carried .device-deps
 # (scripts/device/bundle-deps.sh), which costs minutes. Then, each under its own time limit so
-# that one stage cannot eat the others': the GPU tests, the 8 GiB Hourglass-104 proof, the
+# that one stage cannot eat the others': the GPU tests, the step's speed with and without each GPU
+# default (bench_train), the peers beside Headroom (peers.py; carry .peers from fetch-peers.sh),
+# the epoch boundaries' idle time, the 8 GiB Hourglass-104 proof, the
 # estimator on Hourglass-104 at 512, the TF OD API user's pipeline, a --nproc larger than the GPU
 # count, bench_augment and the rest of the suite in shards. Logs and JSON under $OUT, a short
 # table last. It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
@@ -16,7 +18,7 @@ QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
-STAGES=" ${STAGES:-gpu boundary hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
+STAGES=" ${STAGES:-gpu speed peers boundary hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
 want() { [[ $STAGES == *" $1 "* ]]; }
 DEADLINE=${DEADLINE:-540}  # seconds: the run's 600 less the transfers
 lim() { local left=$(( DEADLINE - $(elapsed) )); (( left < $1 )) && echo $left || echo $1; }  # a stage's limit
@@ -25,6 +27,8 @@ status() { printf '%-24s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 log=$OUT/stages.log  # every stage's output, in order (at most 8 files come back)
 : > "$log"
 stage() { echo "=== $1 ($(elapsed) s)" >> "$log"; }
+# the lines of a training log that say what happened, into the stages log
+keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-600 >> "$log"; }
 
 torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null) ||
   { status torch "not importable with $PYTHON"; exit 1; }
@@ -52,7 +56,7 @@ else
   export LD_LIBRARY_PATH="$PWD/.device-deps/usr/lib/x86_64-linux-gnu:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if cmake -S . -B $B -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
        -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/build.log" 2>&1 &&
-     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment >> "$OUT/build.log" 2>&1; then
+     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment bench_train >> "$OUT/build.log" 2>&1; then
     mv $B/tests/headroom_tests $B/headroom_tests
     status build "ok ($(elapsed) s)"
   else
@@ -67,7 +71,7 @@ if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=
 
 # 1. The GPU tests: CUDA against the CPU (augmentation, NMS), the budget and OOM recovery on CUDA,
 #    pinned batches, and steps that never sync the host (sync-debug mode set to error).
-gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.StepsOnCudaNeverSyncTheHost'
+gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Device.CudaSideStreamMemoryWaitsForTheComputeStream:Device.CudaSideStreamWorkIsReadyForTheComputeStream:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.InputOnASideStreamTrainsAsOnTheComputeStream:Train.StepsOnCudaNeverSyncTheHost'
 if want gpu; then
   stage "gpu tests"
   timeout $(lim 100) $B/headroom_tests --gtest_filter="$gpu_tests" > /tmp/gpu_tests.log 2>&1
@@ -82,6 +86,68 @@ if want gpu; then
   fi
 fi
 
+# 1b. Issue 26: the step's speed with each GPU default and without it, in one run (bench_train:
+#     img/s, the device's busy share from CUDA events, the phases): YOLOv8n 640 b64 fp16 SGD
+#     (goal >= 1000 img/s) and Hourglass-104 512 b16 fp16 Adam (goal >= 200 img/s), each as
+#     configured, without the side stream, without cuDNN autotuning, in channels_last and in bf16.
+if want speed; then
+  if [[ $QUICK == 1 ]]; then sp_steps=2; sp_warm=1; v8=(data.imgsz=128 train.batch=4 train.nominal_batch=4); hg=(data.imgsz=128 train.batch=2 train.nominal_batch=2)
+  else sp_steps=30; sp_warm=8; v8=(data.imgsz=640 train.batch=64 train.nominal_batch=64); hg=(data.imgsz=512 train.batch=16 train.nominal_batch=16); fi
+  amp=$([[ $cuda == 1 ]] && echo fp16 || echo off)
+  for variant in "" "data.side_stream=false" "train.cudnn_benchmark=off" "model.channels_last=true" "train.amp=bf16"; do
+    for model in yolov8n hg104; do
+      stage "bench_train $model $variant"
+      if [[ $model == yolov8n ]]; then args=(--config configs/demo.yaml --images 640 model.file=models/yolov8n.yaml "${v8[@]}" train.optimizer=sgd)
+      else args=(--config configs/centernet_hg104.yaml --images 160 "${hg[@]}"); fi
+      # shellcheck disable=SC2086 # the variant is one override or none
+      timeout $(lim 60) $B/bench_train "${args[@]}" --steps $sp_steps --warmup $sp_warm --data /tmp/headroom-bench-train device=$dev \
+        train.amp=$amp $variant > /tmp/bench_train.jsonl 2>> "$log"
+      rc=$?
+      sed "s/^{/{\"variant\": \"$model ${variant:-default}\", /" /tmp/bench_train.jsonl >> "$OUT/bench_train.jsonl"
+      status "speed $model ${variant:-default}" "rc=$rc; $(grep -o '"img_per_s": *[0-9.]*\|"device_busy_pct": *[0-9.]*' /tmp/bench_train.jsonl | tr '\n' ' ')"
+    done
+  done
+fi
+
+# 1c. Issue 26's peers beside Headroom in the same run (scripts/device/peers.py; carry .peers,
+#     made by scripts/device/fetch-peers.sh): YOLOv8n end to end on the same synthetic set with
+#     Ultralytics' trainer and `trainer train` (640 px, batch 64, fp16, SGD, Ultralytics' default
+#     augmentations, 4 epochs: img/s per epoch and mAP), Ultralytics' step alone, and CenterNet's
+#     Hourglass-104 step at 512 b16 NCHW and channels_last (bench_train above has Headroom's).
+if want peers; then
+  if [[ ! -d .peers/wheels ]]; then status peers "no .peers (scripts/device/fetch-peers.sh, then carry it)"; else
+    psite=/tmp/headroom-peers-site
+    for w in .peers/wheels/*.whl; do  # only what this Python lacks
+      mod=$(basename "$w" | cut -d- -f1 | tr 'A-Z' 'a-z'); case $mod in pyyaml) mod=yaml ;; ultralytics_thop) mod=thop ;; esac
+      "$PYTHON" -c "import $mod" 2> /dev/null || "$PYTHON" -m pip install --quiet --no-index --no-deps --target $psite "$w" >> "$log" 2>&1
+    done
+    if [[ $QUICK == 1 ]]; then pv=(--imgsz 128 --batch 8 --epochs 2 --workers 2); ps=(--steps 1 --warmup 1); pv8=(--imgsz 128 --batch 4); phg=(--imgsz 128 --batch 2); n_v8=40
+    else pv=(--imgsz 640 --batch 64 --epochs 4 --workers 8); ps=(--steps 40 --warmup 10); pv8=(--imgsz 640 --batch 64); phg=(--imgsz 512 --batch 16); n_v8=1600; fi
+    v8syn=/tmp/headroom-v8syn
+    $B/trainer data synth --out $v8syn --images $n_v8 --size "${pv[1]}" --classes 1 --max-objects 20 > /dev/null 2>&1
+    pdev=$([[ $cuda == 1 ]] && echo 0 || echo cpu)
+    peer() {  # name, then peers.py's arguments
+      local name=$1; shift
+      stage "peer $name"
+      PYTHONPATH=$psite${PYTHONPATH:+:$PYTHONPATH} timeout $(lim 120) "$PYTHON" scripts/device/peers.py "$@" --device $pdev > /tmp/peer.json 2>> "$log"
+      local rc=$?
+      tail -1 /tmp/peer.json >> "$OUT/peers.jsonl"
+      status "peer $name" "rc=$rc; $(tail -1 /tmp/peer.json | cut -c1-200)"
+    }
+    peer "ultralytics e2e" ultralytics --data $v8syn/data.yaml "${pv[@]}"
+    stage "headroom e2e"
+    timeout $(lim 120) $B/trainer train --config configs/yolov8s.yaml model.file=models/yolov8n.yaml data.dataset=$v8syn/data.yaml device=$dev \
+      data.imgsz="${pv[1]}" train.batch="${pv[3]}" train.nominal_batch="${pv[3]}" train.epochs="${pv[5]}" data.workers="${pv[7]}" \
+      train.plots=false project=/tmp/headroom-runs name=v8e2e exist_ok=true > /tmp/train_v8e2e.log 2>&1
+    rc=$?
+    keep_lines /tmp/train_v8e2e.log
+    status "headroom e2e" "rc=$rc; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_v8e2e.log | tr '\n' ';' | cut -c1-160) $(grep -o 'AP50-95 [0-9.]* AP50 [0-9.]*' /tmp/train_v8e2e.log | tail -1)"
+    peer "ultralytics step" ultralytics-step "${pv8[@]}" "${ps[@]}"
+    peer "centernet step" centernet-step --centernet .peers/centernet "${phg[@]}" "${ps[@]}"
+    peer "centernet step cl" centernet-step --centernet .peers/centernet --channels-last "${phg[@]}" "${ps[@]}"
+  fi
+fi
+
 # 2. Issues 15 and 27: the seed user's model and size under an 8 GiB budget, fp16, automatic
 #    micro-batch and recompute plan, 32 images per step, validation and checkpoints inside the
 #    run, with each memory.prefer (goal: batch >= 16 images per micro-batch, throughput never
@@ -90,8 +156,6 @@ syn=/tmp/headroom-synth$size
 if want hg104 || want boundary || want pipeline || want nproc; then
   $B/trainer data synth --out $syn --images $n_img --size $size --classes 1 --max-objects 20 > /dev/null 2>&1
 fi
-# the lines of a training log that say what happened, into the stages log
-keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-600 >> "$log"; }
 if want hg104; then
   for prefer in batch throughput; do
     stage "hg104 governed, memory.prefer=$prefer"
