@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <thread>
+
 #include "headroom/cli/run.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
@@ -388,8 +391,17 @@ TEST(Starvation, MeasuresAnEpochOfATraining) {
   auto hook = std::make_unique<memory::StarvationHook>(memory::StarvationOptions().auto_workers(true).max_workers(2));
   memory::StarvationHook* h = hook.get();
   t.register_hook(std::move(hook));
+  struct Pause : train::Hook {  // 0.1 s before each step's data: the device waits between steps
+    void before_step(train::Trainer&) override { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+  };
+  t.register_hook(std::make_unique<Pause>());
   t.train();
   EXPECT_GT(h->last_epoch().steps, 0);
+  // 4 steps: 3 pauses between the first step's start and the last one's end, all idle
+  EXPECT_GE(h->last_epoch().device_idle, 0.3);
+  EXPECT_LT(h->last_epoch().device_idle, 0.3 + 2.0);
+  EXPECT_GT(h->last_epoch().device_span, h->last_epoch().device_idle);
+  EXPECT_LT(h->last_epoch().device_busy(), 1.0);
   // the data wait is part of the steps' time, the longest wait part of the epoch's
   EXPECT_LE(h->last_epoch().wait, h->last_epoch().steps);
   EXPECT_LE(h->last_epoch().max_wait, h->last_epoch().wait);

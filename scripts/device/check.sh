@@ -8,7 +8,9 @@
 # the epoch boundaries' idle time, the 8 GiB Hourglass-104 proof, the
 # estimator on Hourglass-104 at 512, the TF OD API user's pipeline, a --nproc larger than the GPU
 # count, bench_augment and the rest of the suite in shards. Logs and JSON under $OUT, a short
-# table last. It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
+# table last. All stages take more than one call's 10 minutes: a lease of 15 fits two calls, e.g.
+# STAGES="gpu speed peers" (about 7 minutes on an H200, estimated) then STAGES="boundary hg104 estimate".
+# It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
 #   PYTHON=build-cuda/venv/bin/python OUT=/tmp/out QUICK=1 bash scripts/device/check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -17,6 +17,7 @@ StarvationOptions starvation_options(const Config& c) {
 
 void StarvationHook::reset(train::Trainer& t) {
   cur_ = EpochDataTime{};
+  clock_ = std::make_unique<DeviceClock>(t.device());
   last_wait_ = t.data_wait_seconds();
   decode_at_start_ = t.loader().stats().decode_seconds;
   epoch_start_ = std::chrono::steady_clock::now();
@@ -24,7 +25,10 @@ void StarvationHook::reset(train::Trainer& t) {
 
 void StarvationHook::before_train(train::Trainer& t) { reset(t); }
 
+void StarvationHook::after_data(train::Trainer&) { clock_->mark(); }
+
 void StarvationHook::after_step(train::Trainer& t) {
+  clock_->mark();
   // data_wait_seconds() sums this epoch's waits; the trainer zeroes it after the epoch's hooks.
   const double now = t.data_wait_seconds();
   const double wait = now >= last_wait_ ? now - last_wait_ : now;
@@ -55,11 +59,17 @@ void StarvationHook::after_epoch(train::Trainer& t) {
   cur_.workers = t.loader().options().workers();
   cur_.decode = t.loader().stats().decode_seconds - decode_at_start_;
   cur_.decode_busy = cur_.workers > 0 ? cur_.decode / std::max(epoch_s * cur_.workers, 1e-9) : 1.0;
+  const size_t marks = clock_->marks();  // start, end per step (the epoch's end follows a step's end)
+  if (marks >= 4) {
+    cur_.device_span = clock_->seconds(0, marks - 1);  // waits for the device: the epoch's end reads its counters anyway
+    for (size_t i = 1; i + 2 < marks; i += 2) cur_.device_idle += clock_->seconds(i, i + 1);
+  }
   last_ = cur_;
   const std::string problem = diagnose(cur_);
-  spdlog::info("data, epoch {}: waited {:.2f} s of {:.2f} s in steps ({:.1f}%, longest {:.3f} s); {} decode threads busy {:.0f}%",
+  spdlog::info("data, epoch {}: waited {:.2f} s of {:.2f} s in steps ({:.1f}%, longest {:.3f} s); {} decode threads busy {:.0f}%; "
+               "{} busy {:.0f}% from the first step to the last",
                t.state().epoch + 1, cur_.wait, cur_.steps, 100 * cur_.share(), cur_.max_wait, cur_.workers,
-               100 * std::min(cur_.decode_busy, 1.0));
+               100 * std::min(cur_.decode_busy, 1.0), t.device().str(), 100 * cur_.device_busy());
   if (!problem.empty()) {
     spdlog::warn("data, epoch {}: {}", t.state().epoch + 1, problem);
     if (o_.auto_workers() && cur_.workers > 0 && cur_.decode_busy > 0.85 && cur_.workers < o_.max_workers()) {
