@@ -30,7 +30,7 @@ log=$OUT/stages.log  # every stage's output, in order (at most 8 files come back
 : > "$log"
 stage() { echo "=== $1 ($(elapsed) s)" >> "$log"; }
 # the lines of a training log that say what happened, into the stages log
-keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-600 >> "$log"; }
+keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|data, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-600 >> "$log"; }
 
 torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null) ||
   { status torch "not importable with $PYTHON"; exit 1; }
@@ -171,6 +171,7 @@ if want hg104; then
     status "hg104 8GiB $prefer" "rc=$rc; $(grep -o 'train.batch auto: micro-batch [0-9]*' "$hg_log" | head -1); $(grep -o '[0-9.]* img/s [a-z]*  (chosen)' "$hg_log" | head -1)"
     status "  epochs" "$(grep -c 'memory, epoch' "$hg_log"); governor decisions $(grep -c 'memory governor, step' "$hg_log"); OOMs $(grep -o '[0-9]* OOMs' "$hg_log" | tail -1); $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' "$hg_log" | tail -3 | tr '\n' ';')"
     status "  max reserved" "$(grep -o 'allocated, [0-9.]* [KMG]iB reserved' "$hg_log" | awk '{print $2, $3}' | sort -h | tail -1) (budget 8 GiB); host RSS $(grep -o 'host RSS [0-9.]* [KMG]iB' "$hg_log" | awk '{print $3 $4}' | tr '\n' ' ')"
+    status "  device busy" "$(grep -o '[a-z:0-9]* busy [0-9]*% from the first step' "$hg_log" | awk '{print $3}' | tr '\n' ' ')"
   done
 fi
 
