@@ -503,10 +503,12 @@ TEST(Train, AnImageThatDisappearsMidRunIsSkippedOrNamed) {
 }
 
 // `make demo` without its warmup: the demo config (its augmentations included) on the demo's
-// 800 synthetic images for 10 epochs, 400 steps, learns the shapes. Over seeds 0, 1 and 2 on the
-// CPU (LibTorch 1.13) it reached val AP50 0.163, 0.192 and 0.245, where an untrained model scores
-// 0.000; the bound sits under every seed's result. (Half of it, 200 steps, scored 0.017-0.121
-// over seeds on an H200: too short to hold to anything.)
+// 800 synthetic images for 10 epochs, 400 steps, learns the shapes. Over seeds 0, 1 and 2 on an
+// AVX2 CPU (LibTorch 1.13) it reached val AP50 0.163, 0.192 and 0.245, where an untrained model
+// scores 0.000; with seed 3, LibTorch 2.11 on an AVX-512 CPU (other kernels, other rounding, the
+// same result from the commits before and after the side stream) reached 0.079. The bound sits
+// under every result seen. (Half of it, 200 steps, scored 0.017-0.121 over seeds on an H200: too
+// short to hold to anything.)
 // The progress line's memory and the governor's agree: both are the step's peak from the run's
 // monitor.
 TEST(Train, DemoConfigLearnsTheShapes) {
@@ -527,7 +529,7 @@ TEST(Train, DemoConfigLearnsTheShapes) {
   const size_t ap50 = size_t(std::find(header.begin(), header.end(), "metrics/AP50") - header.begin());
   ASSERT_LT(ap50, header.size());
   std::printf("demo without warmup: AP50 %.3f after %g steps\n", rows.back()[ap50], rows.back()[1]);
-  EXPECT_GE(rows.back()[ap50], 0.10);
+  EXPECT_GE(rows.back()[ap50], 0.05);
   EXPECT_LT(rows.back()[2], rows.front()[2]);  // the box loss fell
   EXPECT_NE(r.output.find("Average Precision"), std::string::npos);  // the val table
   std::smatch logged, governed;
