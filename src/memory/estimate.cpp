@@ -50,13 +50,11 @@ int64_t MemoryEstimate::input_buffers(int64_t b) const {
   return int64_t(canvas_bytes * loaded);
 }
 
-int64_t MemoryEstimate::step_inputs(int64_t b) const {
-  return (step_images(b) - b) * 3 * imgsz * imgsz * int64_t(sizeof(float));
-}
+int64_t MemoryEstimate::augmented_bytes(int64_t images) const { return images * 3 * imgsz * imgsz * int64_t(sizeof(float)); }
 
-int64_t MemoryEstimate::next_input(int64_t b) const {
-  return input_beside ? step_images(b) * 3 * imgsz * imgsz * int64_t(sizeof(float)) : 0;
-}
+int64_t MemoryEstimate::step_inputs(int64_t b) const { return augmented_bytes(step_images(b) - b); }
+
+int64_t MemoryEstimate::next_input(int64_t b) const { return input_beside ? augmented_bytes(step_images(b)) : 0; }
 
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
   // The step's peak moves with the batch: at small batches it sits in the backward, where the

@@ -90,6 +90,7 @@ struct MemoryEstimate {
   // A mode at another input side: activations scale with the area.
   ModeEstimate at_size(const ModeEstimate& m, int64_t size) const;
   int64_t input_buffers(int64_t batch) const;
+  int64_t augmented_bytes(int64_t images) const;  // images as the model takes them: float [3, imgsz, imgsz]
   // The step's other loader batches, augmented on the device and held while one runs: a step
   // counts its loss normalisers over all of them before the first backward.
   int64_t step_inputs(int64_t batch) const;
