@@ -301,6 +301,11 @@ int main(int argc, char** argv) {
     run.trainer->register_hook(std::make_unique<PhaseTimer>(t, warmup, device));
     run.trainer->train();
     Json j = t.json("headroom", run.config, device);
+    if (const train::StepGraph* g = run.trainer->step_graph()) {  // replayed steps fire no forward .. update phases
+      j["graph_captures"] = g->captures();
+      j["graph_replays_last"] = g->replays();
+      j["graphs_kept"] = g->active();
+    }
     const MemoryStats m = run.monitor->sample();
     j["reserved_bytes"] = m.reserved;
     j["alloc_retries"] = m.alloc_retries;

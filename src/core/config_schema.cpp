@@ -362,6 +362,12 @@ std::vector<ConfigKey> build_schema() {
                  "fastest kept (PyTorch's cudnn.benchmark); auto = on for CUDA runs with a fixed image size, off "
                  "with augment.multi_scale (every new size would be tuned again) and on the CPU.",
                  {{"true", "on"}, {"false", "off"}, {"True", "on"}, {"False", "off"}}),
+      choice_key("train.cuda_graphs", [](Config& c) -> std::string& { return c.train.cuda_graphs; }, {"auto", "on", "off"},
+                 "Capture each training step (forward, loss, backward, update) as one CUDA graph once its shapes "
+                 "repeat, and replay it: one launch instead of thousands. auto = where the steps can be captured "
+                 "(CUDA, a fixed image size, one process, sgd / adam / adamw) and the replay is measured faster than "
+                 "the eager step; on = wherever they can be (an error where they cannot); off = never.",
+                 {{"true", "on"}, {"false", "off"}, {"True", "on"}, {"False", "off"}}),
       bool_key("train.ema", [](Config& c) -> bool& { return c.train.ema; },
                "Keep an exponential moving average of the weights; it is what validation and best.pt use."),
       double_key("train.ema_decay", [](Config& c) -> double& { return c.train.ema_decay; }, 0, 1, "EMA decay."),

@@ -1,9 +1,13 @@
-// SideStream and DeviceClock on CUDA; compiled only when the Torch found carries CUDA.
+// SideStream, DeviceClock and DeviceGraph on CUDA; compiled only when the Torch found carries CUDA.
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <deque>
+#include <memory>
 
 #include "stream_internal.h"
 
@@ -54,9 +58,82 @@ struct CudaClock final : DeviceClock::Impl {
   std::deque<at::cuda::CUDAEvent> events;
 };
 
+// ATen's CUDAGraph, captured on a stream of its own (a capture cannot run on the legacy default
+// stream; one stream for every capture, so that cuBLAS keeps one workspace for them, apart from the
+// side stream's), ordered after everything queued before on the compute stream, and replayed on the
+// current one. Thread-local capture mode: the loader's threads may pin memory meanwhile, which a
+// global mode would refuse; the work itself (the autograd engine's thread included) must make no
+// call that syncs, as the step never does.
+struct CudaGraph final : DeviceGraph::Impl {
+  using Pool = decltype(at::cuda::graph_pool_handle());
+  explicit CudaGraph(c10::Device device) : device(device), stream(c10::cuda::getStreamFromPool(false, device.index())) {}
+  void capture(const std::function<void()>& work) override {
+    reset();
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+    // Once per capture: the eager steps' cached blocks go back before the graph's pool is filled,
+    // or the step's memory would be held twice.
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    at::cuda::CUDAEvent ready, done;
+    ready.record(compute);
+    ready.block(stream);
+    auto g = std::make_unique<at::cuda::CUDAGraph>();
+    const auto pool = at::cuda::graph_pool_handle();  // ours: given back by hand if CUDA invalidates the capture
+    {
+      c10::cuda::CUDAStreamGuard on_stream(stream);
+      g->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+      try {
+        work();
+      } catch (...) {
+        end_failed(*g, pool);
+        throw;
+      }
+      try {
+        g->capture_end();
+      } catch (const c10::Error&) {
+        cleanup_invalidated(pool);
+        throw;
+      }
+    }
+    done.record(stream);
+    done.block(compute);
+    graph = std::move(g);
+  }
+  // The work threw (an out-of-memory error, most often, raised before anything reached CUDA): the
+  // capture still ends cleanly, and its graph and pool go with it.
+  void end_failed(at::cuda::CUDAGraph& g, Pool pool) {
+    try {
+      g.capture_end();
+    } catch (const c10::Error&) {
+      cleanup_invalidated(pool);
+    }
+  }
+  // CUDA refused a call inside the capture and invalidated it: ATen's capture_end threw before it
+  // closed the allocator's routing to the pool, which is done here. The CUDA generators' capture
+  // state is not restored: the caller must stop using the device (StepGraph ends the run).
+  void cleanup_invalidated(Pool pool) {
+    broken = true;
+    (void)cudaGetLastError();  // the invalidated capture's error, which the next launch check would report
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
+    c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool);
+  }
+  void replay() override { graph->replay(); }
+  bool captured() const override { return graph != nullptr; }
+  bool invalidated() const override { return broken; }
+  // No wait for a replay still running: CUDA frees an executable graph in flight when it ends, and
+  // the allocator gives a released pool's blocks back only through cudaFree, which waits for it.
+  void reset() override { graph.reset(); }
+  c10::Device device;
+  c10::cuda::CUDAStream stream;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  bool broken = false;
+};
+
 }  // namespace
 
 std::unique_ptr<SideStream::Impl> make_cuda_side_stream(c10::Device device) { return std::make_unique<CudaSideStream>(device); }
 std::unique_ptr<DeviceClock::Impl> make_cuda_clock(c10::Device device) { return std::make_unique<CudaClock>(device); }
+
+std::unique_ptr<DeviceGraph::Impl> make_cuda_graph(c10::Device device) { return std::make_unique<CudaGraph>(device); }
 
 }  // namespace headroom

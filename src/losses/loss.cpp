@@ -22,6 +22,14 @@ Targets Targets::narrow(int64_t start, int64_t length) const {
   return {boxes.narrow(0, start, length), classes.narrow(0, start, length), mask.narrow(0, start, length)};
 }
 
+Targets Targets::padded(int64_t n) const {
+  const int64_t extra = n - boxes.size(1);
+  TORCH_CHECK(extra >= 0, "Targets::padded to ", n, " rows; they have ", boxes.size(1));
+  if (extra == 0) return *this;
+  return {at::constant_pad_nd(boxes, {0, 0, 0, extra}, 0), at::constant_pad_nd(classes, {0, extra}, -1),
+          at::constant_pad_nd(mask, {0, extra}, 0)};
+}
+
 LossOptions loss_options(const Config& c) {
   const LossConfig& l = c.loss;
   return LossOptions()

@@ -3,6 +3,7 @@
 // loss on both branches (E2E), all over every anchor with masks (no boolean indexing: no device
 // sync, fixed shapes).
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include "headroom/models/anchors.h"
 #include "headroom/losses/assigner.h"
@@ -73,7 +74,9 @@ class Yolov8Loss : public DetectionLoss {
   static at::Tensor l1_sides(const at::Tensor& pred_dist, const at::Tensor& target_ltrb, const models::AnchorGrid& grid,
                              const std::vector<at::Tensor>& feats) {
     const double h = double(feats[0].size(2)), w = double(feats[0].size(3));
-    const at::Tensor extent = at::tensor({w, h, w, h}, grid.strides.options());  // in cells of the first level
+    // (w, h, w, h) in cells of the first level, made on the device: no host copy in the step
+    const at::TensorOptions opt = grid.strides.options();
+    const at::Tensor extent = at::where(at::arange(4, opt).remainder(2).eq(0), at::full({}, w, opt), at::full({}, h, opt));
     const at::Tensor scale = grid.strides / (extent * grid.strides[0]);            // [A, 4]: stride / image side
     return ((pred_dist.to(at::kFloat) - target_ltrb).abs() * scale).mean(-1);
   }
@@ -103,6 +106,7 @@ class EndToEndLoss : public DetectionLoss {
     many_weight_ = std::max(1.0 - double(epoch) / double(std::max<int64_t>(epochs - 1, 1)), 0.0) * (0.8 - 0.1) + 0.1;
   }
   double one2many_weight() const { return many_weight_; }
+  std::string baked() const override { return fmt::format("one2many {:.17g}", many_weight_); }
 
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const LossTerms one = one2one_(outputs, t, step), many = one2many_(outputs, t, step);

@@ -208,6 +208,7 @@ void DetectorImpl::set_recompute(RecomputeMode mode) {
     }
     segments_.push_back(s);
   }
+  stages_on_.assign(segments_.size(), true);
 }
 
 void DetectorImpl::set_recomputed_stages(const std::vector<bool>& on) {
@@ -217,12 +218,21 @@ void DetectorImpl::set_recomputed_stages(const std::vector<bool>& on) {
   }
   set_recompute(RecomputeMode::stages);
   TORCH_CHECK(on.size() == segments_.size(), "recompute plan for ", on.size(), " stages; the model has ", segments_.size());
+  stages_on_ = on;
   for (size_t i = 0; i < on.size(); ++i) {
     Segment& s = segments_[i];
     s.recomputed = s.recomputed && on[i];
     if (!on[i] && s.begin == s.end && rows_[size_t(s.begin)].layer->has_internal_recompute())
       rows_[size_t(s.begin)].layer->set_recompute(RecomputeMode::off);
   }
+}
+
+void DetectorImpl::restore(const RecomputeSetting& s) {
+  if (s == recompute_setting()) return;
+  if (s.mode == RecomputeMode::stages)
+    set_recomputed_stages(s.stages);
+  else
+    set_recompute(s.mode);
 }
 
 std::vector<std::pair<int, int>> DetectorImpl::segment_ranges(RecomputeMode mode) const {

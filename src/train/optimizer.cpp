@@ -255,6 +255,17 @@ std::vector<at::Tensor> Optimizer::state_tensors() const {
   return out;
 }
 
+bool Optimizer::set_rates_on_device() {
+  if (!fused_) return false;
+  rates_.clear();
+  for (const auto& g : groups_) rates_.push_back(at::full({}, g.lr, g.params.front().options().dtype(at::kFloat)));
+  return true;
+}
+
+void Optimizer::load_rates() {
+  for (size_t i = 0; i < rates_.size(); ++i) rates_[i].fill_(groups_[i].lr);
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.mutable_grad().reset();
@@ -334,24 +345,30 @@ void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf
   const c10::optional<at::Tensor> inf = found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
   s.step.add_(1);
   const std::vector<at::Tensor> steps(params.size(), s.step);
-  switch (options_.kind()) {
-    case OptimizerKind::sgd:
-      at::_fused_sgd_(params, grads, g.momentum != 0 ? at::TensorList(s.buf1) : at::TensorList(), g.weight_decay, g.momentum,
-                      g.lr, /*dampening=*/0.0, options_.nesterov(), /*maximize=*/false, /*is_first_step=*/false,
-                      c10::nullopt, inf);
-      break;
-    case OptimizerKind::adam:
-      at::_fused_adam_(params, grads, s.buf1, s.buf2, {}, steps, g.lr, g.momentum, options_.beta2(), g.weight_decay,
-                       options_.eps(), /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
-      break;
-    case OptimizerKind::adamw:
-      at::_fused_adamw_(params, grads, s.buf1, s.buf2, {}, steps, g.lr, g.momentum, options_.beta2(), g.weight_decay,
-                        options_.eps(), /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
-      break;
-    case OptimizerKind::rmsprop:
-    case OptimizerKind::musgd:
-      TORCH_INTERNAL_ASSERT(false, "RMSprop and MuSGD have no fused kernel (the constructor keeps them in place)");
-  }
+  // The same kernels with lr as a host number or as the group's device tensor.
+  const auto update = [&](const auto& lr) {
+    switch (options_.kind()) {
+      case OptimizerKind::sgd:
+        at::_fused_sgd_(params, grads, g.momentum != 0 ? at::TensorList(s.buf1) : at::TensorList(), g.weight_decay, g.momentum,
+                        lr, /*dampening=*/0.0, options_.nesterov(), /*maximize=*/false, /*is_first_step=*/false, c10::nullopt, inf);
+        break;
+      case OptimizerKind::adam:
+        at::_fused_adam_(params, grads, s.buf1, s.buf2, {}, steps, lr, g.momentum, options_.beta2(), g.weight_decay, options_.eps(),
+                         /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
+        break;
+      case OptimizerKind::adamw:
+        at::_fused_adamw_(params, grads, s.buf1, s.buf2, {}, steps, lr, g.momentum, options_.beta2(), g.weight_decay, options_.eps(),
+                          /*amsgrad=*/false, /*maximize=*/false, c10::nullopt, inf);
+        break;
+      case OptimizerKind::rmsprop:
+      case OptimizerKind::musgd:
+        TORCH_INTERNAL_ASSERT(false, "RMSprop and MuSGD have no fused kernel (the constructor keeps them in place)");
+    }
+  };
+  if (rates_.empty())
+    update(g.lr);
+  else
+    update(rates_.at(size_t(&g - groups_.data())));
   if (inf) s.step.sub_(*inf);  // a skipped step does not count
 #else
   (void)g, (void)params, (void)grads, (void)found_inf;

@@ -125,6 +125,7 @@ TrainerParts make_trainer_parts(const Config& config, c10::Device device, const 
     p.options.world(p.group->world());
     p.loader.rank(p.group->rank()).world(p.group->world());
   }
+  p.options.cuda_graphs(resolve_graph_mode(c, device, p.options.world()));
   const int64_t nc = int64_t(p.train_split->names.size());
   at::manual_seed(uint64_t(c.seed));  // LibTorch seeds its generators at random per process: initialisation follows `seed`
   p.model = interop::run_model(c, nc);

@@ -3,7 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "headroom/core/errors.h"
+#include "headroom/core/logging.h"
 #include "headroom/core/torch_compat.h"
 #include "headroom/train/trainer.h"
 
@@ -11,6 +14,8 @@ namespace headroom::train {
 
 StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
   if (exchange_) exchange_->begin_attempt();
+  recording_ = graph_armed_ && graph_->active();
+  recorded_parts_.clear();
   StepInput in;
   std::vector<at::Tensor> counts;
   for (const data::HostBatch& batch : batches) {
@@ -29,6 +34,7 @@ StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
         b.targets = losses::make_targets(batch.boxes.to(device_, true), batch.classes.to(device_, true), batch.crowd.to(device_, true));
         if (options_.keep_first_batch() && !first_batch_) first_batch_ = batch;
       }
+      if (recording_) b.targets = b.targets.padded(graph_->padded_boxes(b.targets.boxes.size(1)));  // one shape for the graph
       std::vector<at::Tensor> made = b.targets.tensors();
       made.push_back(b.images);
       return made;
@@ -55,6 +61,11 @@ StepInput Trainer::prepare_step(const std::vector<data::HostBatch>& batches) {
 }
 
 void Trainer::forward_backward(const StepInput& in, size_t batch, int64_t start, int64_t length) {
+  if (recording_) {
+    if (recorded_parts_.empty()) recorded_input_ = in;  // the executor's copy may be gone by update
+    recorded_parts_.push_back({batch, start, length, model_->recompute_setting()});
+    return;
+  }
   const StepInput::Batch& b = in.batches.at(batch);
   const bool whole = start == 0 && length == b.images.size(0);
   const at::Tensor x = whole ? b.images : b.images.narrow(0, start, length);
@@ -102,6 +113,54 @@ std::vector<std::vector<at::Tensor>> Trainer::grads_by_normaliser() const {
 }
 
 void Trainer::update() {
+  if (recording_ && !recorded_parts_.empty()) {
+    run_graphed();
+    return;
+  }
+  recording_ = false;
+  optimizer_->load_rates();
+  apply_update();
+}
+
+void Trainer::run_graphed() {
+  recording_ = false;  // the parts below run, or are captured, as they are
+  const StepInput in = std::move(recorded_input_);
+  const std::vector<RecordedPart> parts = std::move(recorded_parts_);
+  recorded_input_ = StepInput();
+  recorded_parts_.clear();
+  optimizer_->load_rates();  // outside the graph: it reads them
+  // What the graph bakes in, and the tensors that change between steps.
+  std::string key = std::string("amp ") + to_string(amp_) + ", images " + std::to_string(in.images) + " of " +
+                    std::to_string(in.norm.images) + ", loss " + loss_->baked();
+  std::vector<at::Tensor> inputs;
+  for (const StepInput::Batch& b : in.batches) {
+    key += ", batch " + c10::str(b.images.sizes(), " ", b.images.scalar_type(), " boxes ", b.targets.boxes.size(1));
+    inputs.push_back(b.images);
+    for (const at::Tensor& t : b.targets.tensors()) inputs.push_back(t);
+  }
+  if (in.norm.counts.defined()) inputs.push_back(in.norm.counts);
+  for (const RecordedPart& p : parts) {
+    key += c10::str(", part ", p.batch, ":", p.start, "+", p.length, " recompute ", int(p.recompute.mode), ":");
+    for (bool on : p.recompute.stages) key += on ? '1' : '0';
+  }
+  for (const ParamGroup& g : optimizer_->groups()) key += fmt::format(", momentum {:.17g} decay {:.17g}", g.momentum, g.weight_decay);
+  const bool recomputes = std::any_of(parts.begin(), parts.end(), [](const RecordedPart& p) { return p.recompute.mode != models::RecomputeMode::off; });
+  graph_ran_ = graph_->run(
+      key, inputs,
+      [&] {
+        discard_gradients();  // where every step starts; a capture that failed may have left some
+        for (const RecordedPart& p : parts) {
+          model_->restore(p.recompute);
+          forward_backward(in, p.batch, p.start, p.length);
+        }
+        apply_update();
+      },
+      recomputes ? "activations are recomputed (the recomputation saves and sets the random generators' state, which a capture "
+                   "cannot)"
+                 : "");
+}
+
+void Trainer::apply_update() {
   at::NoGradGuard no_grad;
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
   if (exchange_) {

@@ -70,6 +70,10 @@ Trainer::Trainer(TrainerParts parts)
     at::globalContext().setBenchmarkCuDNN(options_.cudnn_benchmark());
     if (options_.side_stream()) side_stream_ = std::make_unique<SideStream>(device_);
   }
+  if (options_.cuda_graphs() != GraphMode::off) {
+    TORCH_CHECK(optimizer_->set_rates_on_device(), "train.cuda_graphs needs a fused optimizer (graph_refusal lets none other through)");
+    graph_ = std::make_unique<StepGraph>(device_, options_.cuda_graphs());
+  }
 }
 
 Trainer::~Trainer() {
@@ -142,9 +146,25 @@ void Trainer::run_step() {
   each_hook([&](Hook& h) { h.after_data(*this); });
   if (monitor_) monitor_->reset_peak();
   const bool writing = checkpoint_writer_.writing();  // then the peak may hold a snapshot too
-  (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
+  {
+    struct Disarm {  // also when the executor throws: nothing recorded outlives the step
+      Trainer& t;
+      ~Disarm() {
+        t.graph_armed_ = t.recording_ = false;
+        t.recorded_parts_.clear();
+        t.recorded_input_ = StepInput();
+      }
+    } disarm{*this};
+    graph_armed_ = graph_ != nullptr;  // the executor's steps may be captured; the memory probes' never are
+    graph_ran_ = StepGraph::Ran::eager;
+    (executor_ ? *executor_ : static_cast<StepExecutor&>(direct_)).run(*this, batches);
+  }
   if (monitor_) {
     step_memory_ = monitor_->sample();  // host-side counters: no sync
+    if (graph_ran_ == StepGraph::Ran::eager)
+      eager_peak_ = step_memory_->peak_allocated;
+    else  // the graph's pool holds what the eager step of these shapes allocated
+      step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, eager_peak_);
     if (!writing && !checkpoint_writer_.writing()) step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
   }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank

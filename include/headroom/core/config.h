@@ -192,6 +192,7 @@ struct TrainConfig {
   double warmup_bias_lr = 0.1;
   std::string amp = "auto";         // auto | off | fp16 | bf16
   std::string cudnn_benchmark = "auto";  // auto | on | off
+  std::string cuda_graphs = "auto";      // auto | on | off
   bool ema = true;
   double ema_decay = 0.9999;
   double ema_tau = 2000;

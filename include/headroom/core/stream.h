@@ -1,5 +1,6 @@
 // The device's queue, as the training step sees it: work on a stream of its own beside the
-// compute stream, and marks that time what the device did between two points of the host's program.
+// compute stream, marks that time what the device did between two points of the host's program,
+// and a graph that queues a whole piece of the program again with one launch.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -7,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace headroom {
@@ -54,6 +56,35 @@ class DeviceClock {
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+// A CUDA graph of the device work that a piece of the host's program queues: `capture` records
+// it once (nothing runs), `replay` queues all of it again on the current stream with one launch,
+// on the same memory: what changes between replays must be written into the tensors the work
+// read when it was captured. The work's temporaries come from a memory pool of the graph's own,
+// held until reset. When the work throws, capture throws it with nothing kept. The work must not
+// sync the host nor make it wait for a value: CUDA then invalidates the capture, capture throws,
+// and invalidated() is true for good: CUDA's random generators are left mid-capture, so the
+// device must not be used further. Only CUDA has graphs: unavailable() says why not.
+class DeviceGraph {
+ public:
+  explicit DeviceGraph(c10::Device device);
+  ~DeviceGraph();
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+
+  static std::string unavailable(c10::Device device);  // "" where graphs can be captured
+  void capture(const std::function<void()>& work);    // replaces what was captured before
+  void replay();
+  bool captured() const;
+  bool invalidated() const;  // a capture was invalidated by CUDA
+  void reset();  // the graph and its pool given back
+
+  struct Impl;  // CUDA's (src/core/stream_cuda.cpp); none elsewhere
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  c10::Device device_;
 };
 
 }  // namespace headroom

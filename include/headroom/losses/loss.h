@@ -34,6 +34,9 @@ struct Targets {
   at::Tensor classes;  // [B, N] int64
   at::Tensor mask;     // [B, N] bool: rows that are trained on (not padding, not crowd)
   Targets narrow(int64_t start, int64_t length) const;  // images [start, start + length)
+  // The same ground truth in n >= N rows (padding: class -1, masked), the loss unchanged: a fixed
+  // N keeps a CUDA graph's shapes (train/step_graph.h).
+  Targets padded(int64_t n) const;
   std::vector<at::Tensor> tensors() const { return {boxes, classes, mask}; }
 };
 
@@ -95,6 +98,10 @@ class DetectionLoss {
   virtual int64_t normaliser_of(const std::string& /*parameter*/) const { return 0; }
   // Where the run is (epochs done, of `epochs`): losses whose weights follow the schedule read it.
   virtual void set_progress(int64_t /*epoch*/, int64_t /*epochs*/) {}
+  // The numbers the loss passes to its kernels from the host that change during a run (YOLO26's
+  // branch weight, per epoch), as text: a CUDA graph of the step (train/step_graph.h) bakes them
+  // in, so they are part of its key.
+  virtual std::string baked() const { return ""; }
 };
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options);

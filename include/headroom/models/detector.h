@@ -131,6 +131,14 @@ class DetectorImpl : public torch::nn::Module {
   // one input size. All false is `off`, all true is `stages`.
   void set_recomputed_stages(const std::vector<bool>& on);
   RecomputeMode recompute_mode() const { return recompute_; }
+  // The setting as set_recompute or set_recomputed_stages left it, to be set again with restore.
+  struct RecomputeSetting {
+    RecomputeMode mode = RecomputeMode::off;
+    std::vector<bool> stages;  // mode stages: what set_recomputed_stages was given
+    bool operator==(const RecomputeSetting& o) const { return mode == o.mode && stages == o.stages; }
+  };
+  RecomputeSetting recompute_setting() const { return {recompute_, recompute_ == RecomputeMode::stages ? stages_on_ : std::vector<bool>()}; }
+  void restore(const RecomputeSetting& s);
   // Folds every BatchNorm into its convolution (inference only; outputs equal within 1e-5).
   void fuse();
   // SyncBatchNorm: every BatchNorm's training statistics summed by `sum` over the run's
@@ -175,6 +183,7 @@ class DetectorImpl : public torch::nn::Module {
   std::vector<int64_t> row_strides_;  // output stride of each row
   std::vector<size_t> output_counts_; // tensors each row outputs
   RecomputeMode recompute_ = RecomputeMode::off;
+  std::vector<bool> stages_on_;  // set_recomputed_stages' flags
   std::vector<Segment> segments_;
   bool channels_last_ = false;
   InputNorm input_norm_;

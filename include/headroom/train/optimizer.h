@@ -74,6 +74,13 @@ class Optimizer {
   std::vector<ParamGroup>& groups() { return groups_; }
   const OptimizerOptions& options() const { return options_; }
   bool fused() const { return fused_; }
+  // Fused updates then read each group's lr from a device tensor that load_rates fills from the
+  // groups (queued before the update, outside a captured graph), so that a graph replayed at every
+  // step (train/step_graph.h) follows the schedule. False, and nothing changes, where the update is
+  // not fused.
+  bool set_rates_on_device();
+  bool rates_on_device() const { return !rates_.empty(); }
+  void load_rates();
   std::vector<at::Tensor> grads() const;  // defined gradients of every group
   std::vector<at::Tensor> state_tensors() const;  // momentum / moment buffers and step counters
 
@@ -97,6 +104,7 @@ class Optimizer {
 
   std::vector<ParamGroup> groups_;
   std::vector<State> state_;
+  std::vector<at::Tensor> rates_;  // per group, [] float on the device: empty = lr from the host
   OptimizerOptions options_;
   bool fused_ = false;
 };

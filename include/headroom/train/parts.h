@@ -21,6 +21,7 @@
 #include "headroom/train/memory_monitor.h"
 #include "headroom/train/optimizer.h"
 #include "headroom/train/schedule.h"
+#include "headroom/train/step_graph.h"
 
 namespace headroom::train {
 
@@ -45,9 +46,11 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, memory_usable) = 0;    // bytes the run may hold (budget - headroom); 0 = unbounded
   TORCH_ARG(bool, cudnn_benchmark) = false; // CUDA: cuDNN autotuning (process-wide, set by the trainer)
   TORCH_ARG(bool, side_stream) = true;      // CUDA: the step's input prepared on a side stream (core/stream.h)
+  TORCH_ARG(GraphMode, cuda_graphs) = GraphMode::off;  // resolved (train/step_graph.h): off where steps cannot be captured
 };
 // The train section (and the device's precision) as trainer options. train.optimizer must not be
-// auto (with_chosen_optimizer resolves it).
+// auto (with_chosen_optimizer resolves it). cuda_graphs stays off: make_trainer_parts, which knows
+// the processes, resolves it.
 TrainerOptions trainer_options(const Config& c, c10::Device device);
 
 // train.cudnn_benchmark on this device: auto = on for CUDA runs whose image size is fixed (no

@@ -26,6 +26,7 @@
 #include "headroom/train/parts.h"
 #include "headroom/train/state.h"
 #include "headroom/train/step.h"
+#include "headroom/train/step_graph.h"
 
 namespace headroom::train {
 
@@ -50,6 +51,8 @@ class Hook {
   // The step's loader batches are in hand (the loader's wait is over); nothing of the step is
   // queued on the device yet.
   virtual void after_data(Trainer&) {}
+  // A step replayed from a CUDA graph (train.cuda_graphs) comes here with `input` only: its other
+  // phases ran at its capture, when nothing was computed.
   virtual void after_phase(Trainer&, StepPhase) {}
   virtual void after_step(Trainer&) {}
   virtual void after_epoch(Trainer&) {}
@@ -107,6 +110,11 @@ class Trainer {
   StepInput prepare_step(const std::vector<data::HostBatch>& batches);
   void forward_backward(const StepInput& in, size_t batch, int64_t start, int64_t length);
   void update();
+  // With train.cuda_graphs (StepGraph), inside run_step forward_backward only records its part
+  // and update runs the step's parts and the update: replayed from the graph captured for their
+  // shapes, captured, or eagerly. Errors (out of memory included) then reach the executor from
+  // update, and the step is undone as any failed attempt is.
+  //
   // Drops what a failed attempt left: gradients (and the step's running sums, reset by the next
   // prepare_step). BatchNorm statistics are the executor's to restore.
   void discard_gradients();
@@ -141,6 +149,7 @@ class Trainer {
   std::optional<eval::CocoStats> validate();
 
   const StepCounters& counters() const { return counters_->last(); }
+  const StepGraph* step_graph() const { return graph_.get(); }  // null: train.cuda_graphs off
   // This step's memory, sampled from the monitor after the update (peak since the step began);
   // nullopt without a monitor.
   const std::optional<MemoryStats>& step_memory() const { return step_memory_; }
@@ -184,6 +193,8 @@ class Trainer {
   void end_epoch();
   bool counters_due() const;
   void notify(StepPhase phase);
+  void apply_update();  // update's work, with the learning rates already on the device
+  void run_graphed();   // the recorded parts and the update, through the StepGraph
   void register_state();
   // The "progress" entry: the cursor, the best fitness, the last validation, the precision.
   Json save_progress() const;
@@ -229,6 +240,19 @@ class Trainer {
   // its gradient (all 0 for a loss with one).
   std::vector<int64_t> param_normaliser_;
   std::unique_ptr<DeviceCounters> counters_;
+  // train.cuda_graphs: the step's parts recorded by forward_backward, run by update.
+  struct RecordedPart {
+    size_t batch;
+    int64_t start, length;
+    models::DetectorImpl::RecomputeSetting recompute;  // as the executor set it for this part
+  };
+  std::unique_ptr<StepGraph> graph_;
+  bool graph_armed_ = false;  // inside run_step
+  bool recording_ = false;    // this step's parts are recorded
+  StepInput recorded_input_;
+  std::vector<RecordedPart> recorded_parts_;
+  StepGraph::Ran graph_ran_ = StepGraph::Ran::eager;
+  int64_t eager_peak_ = 0;  // the last eager step's peak: a replay allocates nothing, its graph's pool holds as much
   std::optional<MemoryStats> step_memory_;
   int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU snapshot must fit beside
   bool said_sync_ = false;
