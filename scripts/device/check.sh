@@ -92,8 +92,8 @@ fi
 #     img/s, the device's busy share from CUDA events, the phases): YOLOv8n 640 b64 fp16 SGD
 #     (goal >= 1000 img/s) and Hourglass-104 512 b16 fp16 Adam (goal >= 200 img/s), each as
 #     configured, without the side stream, without cuDNN autotuning, without CUDA graphs, in
-#     channels_last and in bf16. No warmup epochs: its momentum moves every step, which keeps the
-#     graphs from capturing (as in a real run's first epochs).
+#     channels_last and in bf16. No warmup epochs: SGD's warmup moves the momentum every step, which
+#     keeps its graphs from capturing (as in a real run's first epochs).
 if want speed; then
   if [[ $QUICK == 1 ]]; then sp_steps=2; sp_warm=1; v8=(data.imgsz=128 train.batch=4 train.nominal_batch=4); hg=(data.imgsz=128 train.batch=2 train.nominal_batch=2)
   else sp_steps=30; sp_warm=8; v8=(data.imgsz=640 train.batch=64 train.nominal_batch=64); hg=(data.imgsz=512 train.batch=16 train.nominal_batch=16); fi

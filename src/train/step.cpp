@@ -144,7 +144,8 @@ void Trainer::run_graphed() {
     for (bool on : p.recompute.stages) key += on ? '1' : '0';
   }
   for (const ParamGroup& g : optimizer_->groups()) key += fmt::format(", momentum {:.17g} decay {:.17g}", g.momentum, g.weight_decay);
-  const bool recomputes = std::any_of(parts.begin(), parts.end(), [](const RecordedPart& p) { return p.recompute.mode != models::RecomputeMode::off; });
+  const bool recomputes =
+      std::any_of(parts.begin(), parts.end(), [](const RecordedPart& p) { return p.recompute.mode != models::RecomputeMode::off; });
   graph_ran_ = graph_->run(
       key, inputs,
       [&] {

@@ -130,6 +130,9 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
   key_ = key;
   inputs_ = inputs;  // the capture read these: the next replays' inputs are copied into them
   ++captures_;
+  if (captures_ == 1)  // later ones (a new epoch's, a new micro-batch's) say nothing new
+    spdlog::info("CUDA graphs: the step's shapes repeated; it is captured and replayed from now on{}",
+                 mode_ == GraphMode::auto_ ? " (auto: three replays are timed against the eager step)" : "");
   replays_ = 0;
   replay_marks_.clear();  // the replays after this first one are timed (it also uploads the graph)
   graph_.replay();        // the captured step, run
@@ -139,7 +142,7 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
 
 void StepGraph::decide() {
   // Device time: where the host cannot launch fast enough, the eager step's gaps count, and
-  // that is what a graph removes. Reading them waits for the last replay, once per capture.
+  // that is what a graph removes. Reading them waits for the last replay, once per run.
   decided_ = true;  // once per run: a noisy later capture does not turn graphs off
   const double eager = clock_->seconds(eager_mark_, eager_mark_ + 1);
   double replay = 0;

@@ -9,13 +9,14 @@
 // (Optimizer::set_rates_on_device), the loss scaler's scale and the counters stay on the device.
 // What a graph bakes in makes its key: the shapes of every batch and part, the precision, the
 // recompute plan, the step's image count, the loss's own numbers (YOLO26's branch weight, which
-// moves each epoch: DetectionLoss::baked), each group's momentum and weight decay. A step with a new key runs eagerly; a key seen in two eager steps in a row is
-// captured at the third (the first step of a shape also tunes cuDNN and fills caches, which a
-// capture must not do); a graph of another key is dropped, with its memory, before a step runs
-// eagerly. So warmup (its momentum moves every step) runs eagerly, and a governor that changes
-// the micro-batch gets a new graph, never a wrong step. Ground truth is padded to a bucketed box
-// count (the largest power of two seen, at least 8), so that a crowded batch changes the key once,
-// not every step.
+// moves each epoch: DetectionLoss::baked), each group's momentum and weight decay. A step with a
+// new key runs eagerly; a key seen in two eager steps in a row is captured at the third (the
+// first step of a shape also tunes cuDNN and fills caches, which a capture must not do); a graph
+// of another key is dropped, with its memory, before a step runs eagerly. So an Ultralytics
+// warmup of SGD (its momentum moves every step) runs eagerly, and a governor that changes the
+// micro-batch gets a new graph, never a wrong step. Ground truth is padded to a bucketed box
+// count (the largest power of two seen, at least 8), so that a crowded batch changes the key
+// once, not every step.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -59,7 +60,8 @@ class StepGraph {
   // `eager_because` (said once per reason): this step cannot be captured and runs eagerly.
   // Errors: an out-of-memory error in a capture is thrown as it is (nothing ran); a capture CUDA
   // invalidated ends the run with an Error (the device is not safe to use after it); with `on`,
-  // any other failed capture is an Error too, where auto trains eagerly from then on.
+  // any other LibTorch error in a capture is an Error too, where auto trains eagerly from then
+  // on; an error of another kind is the step's own and is thrown as it is.
   Ran run(const std::string& key, const std::vector<at::Tensor>& inputs, const std::function<void()>& step,
           const std::string& eager_because = "");
   bool active() const { return active_; }  // false once auto found the eager step faster, or a capture failed
