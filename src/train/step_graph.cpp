@@ -91,8 +91,9 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
     return Ran::replayed;
   }
   if (graph_.captured()) {
-    spdlog::info("CUDA graphs: the step's shapes changed ({} replays of the last graph); its memory is given back and the new "
-                 "shape runs eagerly until it repeats", replays_);
+    // debug: an epoch's smaller last batch does this every epoch
+    spdlog::debug("CUDA graphs: the step's shapes changed ({} replays of the last graph); its memory is given back and the new "
+                  "shape runs eagerly until it repeats", replays_);
     drop();
   }
   repeats_ = key == last_key_ ? repeats_ + 1 : 1;
