@@ -22,30 +22,49 @@ const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
     {"rmsprop", OptimizerKind::rmsprop}, {"musgd", OptimizerKind::musgd}};
 
 // One group's update: its hyper-parameters and the 0-dim tensors the in-place ops take (a plain
-// number operand would be wrapped in a fresh tensor).
+// number operand would be wrapped in a fresh tensor). A step skipped by the device's found_inf
+// flag is taken as an update that changes nothing, never read on the host: every factor that
+// shrinks a state is 1 then, every rate and every term not made of the gradient (decay from the
+// parameter, the momentum buffer's step) 0, and the gradients are zeroed first (inf * 0 is NaN),
+// so each state is written with its own value, exactly.
 struct GroupStep {
   double lr = 0, wd = 0, m = 0;
-  double rate = 0;  // Adam: -lr / (1 - beta1^t), from the host-side step count (this path syncs anyway)
-  at::Tensor one, momentum, beta2, bc2_sqrt, eps, decay;  // beta2: RMSprop's rho
+  at::Tensor keep;                 // 1, 0 when skipped: the step counter's increment
+  at::Tensor momentum, beta2;      // momentum, beta2 (RMSprop's rho): 1 when skipped
+  at::Tensor decay;                // 1 - lr wd: 1 when skipped
+  at::Tensor wd_term;              // wd (L2 decay taken from p): 0 when skipped
+  at::Tensor neg_lr, neg_lr_m;     // -lr and -lr m (Nesterov): 0 when skipped
+  at::Tensor minus_one;            // RMSprop's p -= mom: 0 when skipped
+  at::Tensor muon_rate;            // MuSGD's Muon half, -lr * muon_scale: 0 when skipped
+  at::Tensor rate, bc2_sqrt, eps;  // Adam: -lr / (1 - beta1^t) (0 when skipped), sqrt(1 - beta2^t), eps
 };
 
-// `step`: the group's step counter; `device`: the parameters' options (the factors' device and dtype).
-GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const OptimizerOptions& o, const at::TensorOptions& device) {
+// `step`: the group's step counter; `skip`: bool [] on the parameters' device; `device`: the
+// parameters' options (the factors' device and dtype).
+GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const at::Tensor& skip, const OptimizerOptions& o,
+                     const at::TensorOptions& device) {
   const auto scalar = [&](double v) { return at::full({}, v, device); };
+  const auto gated = [&](double v, double skipped) { return at::where(skip, scalar(skipped), scalar(v)); };
   const bool adam = o.kind() == OptimizerKind::adam || o.kind() == OptimizerKind::adamw;
   GroupStep s;
   s.lr = g.muon ? g.lr * o.sgd_scale() : g.lr, s.wd = g.weight_decay, s.m = g.momentum;  // a Muon group's SGD half
-  s.one = at::ones({}, step.options());
-  s.momentum = scalar(g.momentum);
-  s.decay = scalar(1 - s.lr * g.weight_decay);
+  s.keep = at::logical_not(skip).to(step.scalar_type());
+  s.momentum = gated(g.momentum, 1);
+  s.decay = gated(1 - s.lr * g.weight_decay, 1);
+  s.wd_term = gated(g.weight_decay, 0);
+  s.neg_lr = gated(-s.lr, 0);
+  s.neg_lr_m = gated(-s.lr * g.momentum, 0);
+  s.minus_one = gated(-1, 0);
+  if (g.muon) s.muon_rate = gated(-g.lr * o.muon_scale(), 0);
   if (adam) {
-    const double t = step.item<double>() + 1;
-    s.beta2 = scalar(o.beta2());
-    s.bc2_sqrt = scalar(std::sqrt(1 - std::pow(o.beta2(), t)));
+    // The bias corrections from the device's step count, in double as torch.optim computes them.
+    const at::Tensor t = step.to(at::kDouble) + 1;
+    s.beta2 = gated(o.beta2(), 1);
+    s.bc2_sqrt = at::sqrt(1 - at::pow(o.beta2(), t)).to(device.dtype());
     s.eps = scalar(o.eps());
-    s.rate = -g.lr / (1 - std::pow(g.momentum, t));
+    s.rate = at::where(skip, scalar(0), (-g.lr / (1 - at::pow(g.momentum, t))).to(device.dtype()));
   } else if (o.kind() == OptimizerKind::rmsprop) {
-    s.beta2 = scalar(o.rho());
+    s.beta2 = gated(o.rho(), 1);
     s.eps = scalar(o.eps());
   }
   return s;
@@ -62,7 +81,7 @@ void rmsprop_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& mom, at::
   if (s.m != 0) {
     ws.copy_(ms).add_(s.eps).sqrt_();
     mom.mul_(s.momentum).addcdiv_(grad, ws, s.lr);
-    p.sub_(mom);
+    p.addcmul_(mom, s.minus_one);
   } else {
     at::sqrt_out(ws, ms).add_(s.eps);
     p.addcdiv_(grad, ws, -s.lr);
@@ -71,34 +90,35 @@ void rmsprop_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& mom, at::
 
 void sgd_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, const GroupStep& s, const OptimizerOptions& o) {
   // buf = m buf + (g + wd p); p -= lr (g + wd p + m buf) [nesterov] or lr buf
-  const double lr = s.lr, wd = s.wd, m = s.m;
+  const double wd = s.wd, m = s.m;
   if (m != 0) {
     buf.mul_(s.momentum).add_(grad);
-    if (wd != 0) buf.add_(p, wd);
+    if (wd != 0) buf.addcmul_(p, s.wd_term);
   }
   const bool nesterov = m != 0 && o.nesterov();
   if (m != 0 && !nesterov) {
-    p.add_(buf, -lr);
+    p.addcmul_(buf, s.neg_lr);
     return;
   }
   if (wd != 0) p.mul_(s.decay);
-  p.add_(grad, -lr);
-  if (nesterov) p.add_(buf, -lr * m);
+  p.add_(grad, -s.lr);
+  if (nesterov) p.addcmul_(buf, s.neg_lr_m);
 }
 
 // Adam and AdamW; `workspace`: at least p's size.
 void adam_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const at::Tensor& workspace,
                  const GroupStep& s, const OptimizerOptions& o) {
   // d = g (+ wd p for Adam's L2 decay), in the workspace; then the moments, then
-  // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, reusing the workspace.
+  // denom = sqrt(v) / sqrt(1 - beta2^t) + eps and m / denom, reusing the workspace.
   at::Tensor ws = workspace.narrow(0, 0, p.numel()).view(p.sizes());
   const bool l2 = o.kind() == OptimizerKind::adam && s.wd != 0;
-  const at::Tensor& d = l2 ? ws.copy_(grad).add_(p, s.wd) : grad;
+  const at::Tensor& d = l2 ? ws.copy_(grad).addcmul_(p, s.wd_term) : grad;
   exp_avg.mul_(s.momentum).add_(d, 1 - s.m);
   exp_avg_sq.mul_(s.beta2).addcmul_(d, d, 1 - o.beta2());
   at::sqrt_out(ws, exp_avg_sq).div_(s.bc2_sqrt).add_(s.eps);
   if (o.kind() == OptimizerKind::adamw && s.wd != 0) p.mul_(s.decay);
-  p.addcdiv_(exp_avg, ws, s.rate);
+  at::div_out(ws, exp_avg, ws);
+  p.addcmul_(ws, s.rate);
 }
 
 // Muon's orthogonalisation: five quintic Newton-Schulz steps in bf16, X <- a X + (b A + c A A) X
@@ -131,7 +151,9 @@ struct MuonUpdates {
   std::vector<at::Tensor> buffers, updates;
 };
 
-MuonUpdates muon_updates(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& buffers, double beta, bool nesterov) {
+// `keep_beta`: beta, or 1 where the step is skipped (the buffer stays as it was).
+MuonUpdates muon_updates(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& buffers, double beta,
+                         const at::Tensor& keep_beta, bool nesterov) {
   MuonUpdates out;
   // Matrices with the same columns and scale go through Newton-Schulz as one batch, zero rows
   // padding the shorter (they stay zero and leave the others alone), in runs whose row counts span
@@ -144,7 +166,7 @@ MuonUpdates muon_updates(const std::vector<at::Tensor>& grads, const std::vector
   std::map<std::pair<int64_t, double>, std::vector<Item>> buckets;
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];
-    at::Tensor buf = buffers[i].mul(beta).add_(g, 1 - beta);
+    at::Tensor buf = buffers[i].mul(keep_beta).add_(g, 1 - beta);
     at::Tensor u = nesterov ? buf.mul(beta).add_(g, 1 - beta) : buf;
     out.buffers.push_back(std::move(buf));
     out.updates.push_back(u);
@@ -273,7 +295,6 @@ void Optimizer::zero_grad() {
 
 void Optimizer::step(const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
-  if (!fused_ && found_inf.defined() && found_inf.item<float>() != 0) return;  // host check: no fused kernels
   std::vector<Active> active;
   int64_t largest = 0;  // elements of the largest parameter with a gradient
   for (size_t i = 0; i < groups_.size(); ++i) {
@@ -296,10 +317,10 @@ void Optimizer::step(const at::Tensor& found_inf) {
     for (auto& a : active) step_fused(*a.group, a, found_inf);  // in-place kernels: nothing to allocate
     return;
   }
-  step_in_place(active, largest);
+  step_in_place(active, largest, found_inf);
 }
 
-void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
+void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest, const at::Tensor& found_inf) {
   // Atomic without a copy of the model: everything the update allocates — Adam's and RMSprop's one
   // workspace the size of the largest parameter, MuSGD's Muon buffers and updates, and the 0-dim
   // factors — is made before the first parameter changes;
@@ -311,12 +332,18 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
   const at::Tensor& p0 = active.front().params.front();
   const bool needs_workspace = kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::rmsprop;
   const at::Tensor workspace = needs_workspace ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
+  // Skipped by the device's flag without reading it (GroupStep): the gradients zeroed where it is
+  // set, before anything reads them.
+  const at::Tensor skip = found_inf.defined() ? found_inf.gt(0) : at::zeros({}, p0.options().dtype(at::kBool));
+  if (found_inf.defined())
+    for (Active& a : active)
+      for (at::Tensor& g : a.grads) g.masked_fill_(skip, 0);
   std::vector<GroupStep> group_steps;
   std::vector<MuonUpdates> muon(active.size());
   for (size_t i = 0; i < active.size(); ++i) {
     const Active& a = active[i];
-    group_steps.push_back(group_step(*a.group, a.step, options_, p0.options()));
-    if (a.group->muon) muon[i] = muon_updates(a.grads, a.buf1, a.group->momentum, options_.nesterov());
+    group_steps.push_back(group_step(*a.group, a.step, skip, options_, p0.options()));
+    if (a.group->muon) muon[i] = muon_updates(a.grads, a.buf1, a.group->momentum, group_steps[i].momentum, options_.nesterov());
   }
   for (size_t i = 0; i < active.size(); ++i) {
     Active& a = active[i];
@@ -324,7 +351,7 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
     for (size_t j = 0; j < a.params.size(); ++j) {
       if (a.group->muon) {  // Muon's update, then SGD's on its own buffer (its decay sees the new p)
         a.buf1[j].copy_(muon[i].buffers[j]);
-        a.params[j].add_(muon[i].updates[j], -a.group->lr * options_.muon_scale());
+        a.params[j].addcmul_(muon[i].updates[j], s.muon_rate);
         sgd_update(a.params[j], a.grads[j], a.buf2[j], s, options_);
       } else if (kind == OptimizerKind::rmsprop) {
         rmsprop_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
@@ -334,7 +361,7 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest) {
         adam_update(a.params[j], a.grads[j], a.buf1[j], a.buf2[j], workspace, s, options_);
       }
     }
-    a.step.add_(s.one);
+    a.step.add_(s.keep);
   }
 }
 

@@ -3,8 +3,9 @@
 // otherwise (and for RMSprop and MuSGD, which have no fused kernel). Both are atomic without staging a copy of the model: the fused kernels allocate
 // nothing, the in-place path allocates at most one workspace the size of the largest parameter (Adam, RMSprop; SGD none) before it
 // changes anything; MuSGD computes all its Muon updates (new buffers and orthogonalised updates, the
-// size of its matrices twice over) before it changes anything. A step can be skipped by a device flag (found_inf) without a host sync on the
-// fused path, which is what the loss scaler and the non-finite guard rely on.
+// size of its matrices twice over) before it changes anything. A step can be skipped by a device flag (found_inf) without a host sync on
+// either path, which is what the loss scaler and the non-finite guard rely on: the fused kernels take the flag, the in-place updates
+// are gated by it on the device (a skipped step writes every state with its own value).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -100,7 +101,7 @@ class Optimizer {
   };
   void step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf);
   // Without fused kernels: one workspace of `largest` elements, then in-place updates.
-  void step_in_place(std::vector<Active>& active, int64_t largest);
+  void step_in_place(std::vector<Active>& active, int64_t largest, const at::Tensor& found_inf);
 
   std::vector<ParamGroup> groups_;
   std::vector<State> state_;
