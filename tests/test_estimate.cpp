@@ -78,6 +78,15 @@ TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
   beside.input_beside = true;
   EXPECT_EQ(beside.predicted_peak(4) - e.predicted_peak(4), 8 * 3 * e.imgsz * e.imgsz * 4);
   EXPECT_NE(memory::format_memory_estimate(beside).find("the next step's input (side stream)"), std::string::npos);
+  // A step captured as a CUDA graph: the graph holds the inputs its capture read, one more set of
+  // the step's images, in the modes that recompute nothing (steps that recompute run eagerly). The
+  // CPU captures nothing.
+  EXPECT_FALSE(e.step_graphed);
+  memory::MemoryEstimate graphed = e;
+  graphed.step_graphed = true;
+  EXPECT_EQ(graphed.predicted_peak(graphed.modes[1], 4) - e.predicted_peak(e.modes[1], 4), 8 * 3 * e.imgsz * e.imgsz * 4);
+  EXPECT_EQ(graphed.predicted_peak(graphed.modes[2], 4), e.predicted_peak(e.modes[2], 4));
+  EXPECT_NE(memory::format_memory_estimate(graphed).find("the CUDA graph's inputs"), std::string::npos);
 }
 
 TEST(AutoBatch, TheChosenBatchFitsAndOneMoreDoesNot) {

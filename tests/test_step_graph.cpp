@@ -185,17 +185,18 @@ struct GraphRun {
 // One epoch of the small set (6 steps of 4 images, then one of 2) through the governor's
 // executor at micro-batch 2, graphs on or off; after step `change_at`, micro-batch 1.
 GraphRun train_with_graphs(const std::string& graphs, const std::string& model, const std::string& amp, int64_t change_at = 0,
-                           bool recompute = false) {
+                           bool recompute = false, const std::vector<std::string>& extra = {}) {
   const c10::Device cuda(c10::kCUDA, 0);
   struct Deterministic {  // cuDNN's own run-to-run differences out of the comparison
     bool before = at::globalContext().deterministicCuDNN();
     Deterministic() { at::globalContext().setDeterministicCuDNN(true); }
     ~Deterministic() { at::globalContext().setDeterministicCuDNN(before); }
   } deterministic;
-  const Config c = load_config("", tiny_run({"device=cuda", "train.steps=7", "train.nominal_batch=4", "train.val_every=0",
-                                             "train.warmup_epochs=0", "train.optimizer=sgd", "train.amp=" + amp,
-                                             "train.cudnn_benchmark=off", "augment.mosaic=0", "train.cuda_graphs=" + graphs},
-                                            model));
+  std::vector<std::string> overrides = {"device=cuda", "train.steps=7", "train.nominal_batch=4", "train.val_every=0",
+                                        "train.warmup_epochs=0", "train.optimizer=sgd", "train.amp=" + amp,
+                                        "train.cudnn_benchmark=off", "augment.mosaic=0", "train.cuda_graphs=" + graphs};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  const Config c = load_config("", tiny_run(overrides, model));
   at::manual_seed(0);
   train::TrainerParts parts = train::make_trainer_parts(c, cuda, temp_dir("graphs"));
   parts.monitor = memory::make_memory_monitor(cuda);
@@ -257,6 +258,30 @@ TEST(StepGraph, StepsThatRecomputeRunEagerly) {
                  eager = train_with_graphs("off", "yolov8.yaml", "off", 0, true);
   EXPECT_EQ(graphed.captures, 0);
   EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-6);
+}
+
+// Validation runs without the graph's pool beside it (the estimate counts no such sum): the graph
+// is given back before it, and the next step, of the same shapes, is captured again at once.
+// Steps 1-2 eager, 3 captured, 4 replayed, validation, 5 captured, 6 replayed, 7 (2 images) eager.
+TEST(StepGraph, ValidationGivesTheGraphBack) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const GraphRun graphed = train_with_graphs("on", "yolov8.yaml", "off", 0, false, {"train.val_every_steps=4"}),
+                 eager = train_with_graphs("off", "yolov8.yaml", "off", 0, false, {"train.val_every_steps=4"});
+  EXPECT_EQ(graphed.captures, 2);
+  EXPECT_EQ(graphed.replays, 2);  // since the last capture: its own step (5) and 6
+  EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
+}
+
+// An epoch's smaller last step runs eagerly; the next epoch's first step, whose shapes were
+// captured before, is captured again at once: steps 1-2 eager, 3 captured, 4-6 replayed, 7 eager,
+// 8 captured, 9-13 replayed, 14 eager.
+TEST(StepGraph, TheNextEpochIsCapturedAtItsFirstStep) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const GraphRun graphed = train_with_graphs("on", "yolov8.yaml", "off", 0, false, {"train.steps=14"}),
+                 eager = train_with_graphs("off", "yolov8.yaml", "off", 0, false, {"train.steps=14"});
+  EXPECT_EQ(graphed.captures, 2);
+  EXPECT_EQ(graphed.replays, 6);  // 8 to 13
+  EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
 }
 
 // Replays never sync the host; each batch's box count (1 to 5) is padded to one shape.

@@ -56,6 +56,8 @@ int64_t MemoryEstimate::step_inputs(int64_t b) const { return augmented_bytes(st
 
 int64_t MemoryEstimate::next_input(int64_t b) const { return input_beside ? augmented_bytes(step_images(b)) : 0; }
 
+int64_t MemoryEstimate::graph_inputs(int64_t b) const { return step_graphed ? augmented_bytes(step_images(b)) : 0; }
+
 int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double savings) const {
   // The step's peak moves with the batch: at small batches it sits in the backward, where the
   // gradients have been allocated and few activations are left, so the two probes' peaks grow
@@ -71,7 +73,8 @@ int64_t MemoryEstimate::predicted_peak(const ModeEstimate& m, int64_t b, double 
   const double phase = std::max(m.fixed + m.per_image * double(b) + held,
                                 m.forward_fixed + m.forward_per_image * double(b) + (accumulating ? double(fixed.gradients) : 0.0));
   const double step = phase + double(step_inputs(b)) - savings;
-  return int64_t(std::max(step, m.update_peak)) + next_input(b) + input_buffers(b) + m.allocator_overhead;
+  const int64_t graph = m.recompute == models::RecomputeMode::off && savings == 0 ? graph_inputs(b) : 0;
+  return int64_t(std::max(step, m.update_peak)) + next_input(b) + graph + input_buffers(b) + m.allocator_overhead;
 }
 
 int64_t MemoryEstimate::largest_batch(const ModeEstimate& m) const {
@@ -103,6 +106,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.input_buffers_on_device = monitor.device().is_cpu();
   e.canvas_bytes = double(data::canvas_bytes(c.data.imgsz));
   e.input_beside = monitor.device().is_cuda() && c.data.side_stream;
+  e.step_graphed = p.trainer().options().cuda_graphs() != train::GraphMode::off;
   return e;
 }
 }  // namespace
@@ -159,6 +163,8 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
                      b(double(e.step_inputs(e.batch))));
   if (e.input_beside)
     s += fmt::format("  {:<40}{:>12}\n", "the next step's input (side stream)", b(double(e.next_input(e.batch))));
+  if (e.step_graphed)
+    s += fmt::format("  {:<40}{:>12}  (without recompute)\n", "the CUDA graph's inputs", b(double(e.graph_inputs(e.batch))));
   for (const auto& m : e.modes) {
     s += fmt::format("\n  {}{}\n", m.name, m.configured ? "  (this config)" : "");
     if (m.fixed < 0) {
@@ -216,6 +222,7 @@ Json memory_estimate_json(const MemoryEstimate& e) {
                        {"ema", e.fixed.ema}, {"update_workspace", e.update_workspace},
                        {"input_buffers_at_batch", e.input_buffers(e.batch)}, {"input_buffers_on_device", e.input_buffers_on_device},
                        {"step_inputs_at_batch", e.step_inputs(e.batch)}, {"next_input_at_batch", e.next_input(e.batch)},
+                       {"graph_inputs_at_batch", e.graph_inputs(e.batch)}, {"step_graphed", e.step_graphed},
                        {"input_beside", e.input_beside}, {"host_rss", e.host_rss},
                        {"host_peak_rss", e.host_peak_rss}, {"modes", std::move(modes)}});
 }
@@ -312,11 +319,17 @@ struct BatchSearch {
     const int64_t predicted = option(b).predicted_peak;
     const Prober::Result r = p.step(b, a.estimate.step_images(b) > b);
     const int64_t total =
-        r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.next_input(b) + a.estimate.input_buffers(b)
+        r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.next_input(b) + graph_inputs(b) +
+                     a.estimate.input_buffers(b)
                : -1;
     a.tried.push_back(BatchProbe{b, total, predicted});
     if (r.fits && predicted > 0) correction = double(total) / double(predicted);
     return r.fits && total <= a.estimate.usable;
+  }
+
+  // A step that recomputes nothing is captured: its graph holds one more set of its inputs.
+  int64_t graph_inputs(int64_t b) const {
+    return p.trainer().model().recompute_mode() == models::RecomputeMode::off ? a.estimate.graph_inputs(b) : 0;
   }
 
   // Predicted (by the last step's correction) to fit, or under the enforced limit (on the CPU

@@ -64,6 +64,16 @@ void StepGraph::drop() {
   inputs_.clear();
 }
 
+void StepGraph::release() {
+  if (graph_.captured()) drop();
+}
+
+int64_t StepGraph::held_bytes() const {
+  int64_t n = 0;
+  for (const auto& t : inputs_) n += int64_t(t.nbytes());
+  return n;
+}
+
 StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tensor>& inputs, const std::function<void()>& step,
                               const std::string& eager_because) {
   if (!active_) {
@@ -98,7 +108,9 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
   }
   repeats_ = key == last_key_ ? repeats_ + 1 : 1;
   last_key_ = key;
-  if (repeats_ <= 2) {
+  // A key captured before (the next epoch's after the smaller last step, the training step's after
+  // validation) has had its eager steps: its shapes are tuned, its caches filled.
+  if (repeats_ <= 2 && !captured_keys_.count(key)) {
     // auto times the eager step right before a capture, the one the replays are held to
     const bool timed = mode_ == GraphMode::auto_ && !decided_ && repeats_ == 2;
     if (timed) {
@@ -129,6 +141,7 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
     return Ran::eager;
   }
   key_ = key;
+  captured_keys_.insert(key);
   inputs_ = inputs;  // the capture read these: the next replays' inputs are copied into them
   ++captures_;
   if (captures_ == 1)  // later ones (a new epoch's, a new micro-batch's) say nothing new

@@ -163,8 +163,8 @@ void Trainer::run_step() {
     step_memory_ = monitor_->sample();  // host-side counters: no sync
     if (graph_ran_ == StepGraph::Ran::eager)
       eager_peak_ = step_memory_->peak_allocated;
-    else  // the graph's pool holds what the eager step of these shapes allocated
-      step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, eager_peak_);
+    else  // the graph's pool holds what the eager step of these shapes allocated, and the graph its inputs
+      step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, eager_peak_ + graph_->held_bytes());
     if (!writing && !checkpoint_writer_.writing()) step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
   }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank
@@ -213,6 +213,7 @@ bool Trainer::counters_due() const {
 std::optional<eval::CocoStats> Trainer::validate() {
   if (!val_split_) return std::nullopt;
   const std::shared_ptr<const data::Split> split = exchange_ ? exchange_->val_shard(*val_split_) : val_split_;
+  if (graph_) graph_->release();          // validation's memory would sit on top of the graph's pool
   if (monitor_) monitor_->phase_ended();  // the steps' cached blocks are not validation's sizes
   if (!val_cache_) val_cache_ = data::open_cache(*split, validation_.loader);  // decoded once per run, not per pass
   std::optional<eval::ValidationResult> r;

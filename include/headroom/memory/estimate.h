@@ -80,6 +80,11 @@ struct MemoryEstimate {
   // CUDA with data.side_stream: the next step's input is prepared on the side stream while this
   // step runs, and each step's input is held until the compute stream is done with it.
   bool input_beside = false;
+  // CUDA with train.cuda_graphs on or auto (not refused): a captured step's graph holds the
+  // inputs its capture read, one more set of the step's images, beside each new step's own. Its
+  // pool holds what the eager step allocated, which the probes measure. Steps that recompute
+  // activations are not captured.
+  bool step_graphed = false;
   // The process's resident memory after the probes, and its peak: on the CPU the tensors and
   // everything else (code, libraries, buffers), which the budget bounds; on CUDA the host side.
   int64_t host_rss = 0, host_peak_rss = 0;
@@ -96,10 +101,12 @@ struct MemoryEstimate {
   int64_t step_inputs(int64_t batch) const;
   // The next step's input, augmented beside this step (input_beside): one more set of its images.
   int64_t next_input(int64_t batch) const;
+  // The inputs a captured step's graph holds (step_graphed; a mode that recomputes nothing).
+  int64_t graph_inputs(int64_t batch) const;
   // The peak of a training step at `batch`: the larger phase (in an accumulating step, also a
   // later micro-batch's forward on top of the earlier ones' gradients), plus the step's other
-  // batches' inputs, the next step's input (input_beside), the input buffers and the allocator's
-  // overhead.
+  // batches' inputs, the next step's input (input_beside), the graph's inputs (step_graphed, where
+  // nothing is recomputed), the input buffers and the allocator's overhead.
   // `savings`: activation bytes a checkpoint plan frees from the forward/backward phase.
   int64_t predicted_peak(const ModeEstimate& m, int64_t batch, double savings = 0) const;
   int64_t predicted_peak(int64_t batch) const { return predicted_peak(configured(), batch); }

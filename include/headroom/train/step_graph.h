@@ -11,8 +11,9 @@
 // recompute plan, the step's image count, the loss's own numbers (YOLO26's branch weight, which
 // moves each epoch: DetectionLoss::baked), each group's momentum and weight decay. A step with a
 // new key runs eagerly; a key seen in two eager steps in a row is captured at the third (the
-// first step of a shape also tunes cuDNN and fills caches, which a capture must not do); a graph
-// of another key is dropped, with its memory, before a step runs eagerly. So an Ultralytics
+// first step of a shape also tunes cuDNN and fills caches, which a capture must not do; a key
+// captured before is captured again at once); a graph of another key is dropped, with its memory,
+// before a step runs eagerly. So an Ultralytics
 // warmup of SGD (its momentum moves every step) runs eagerly, and a governor that changes the
 // micro-batch gets a new graph, never a wrong step. Ground truth is padded to a bucketed box
 // count (the largest power of two seen, at least 8), so that a crowded batch changes the key
@@ -64,6 +65,12 @@ class StepGraph {
   // on; an error of another kind is the step's own and is thrown as it is.
   Ran run(const std::string& key, const std::vector<at::Tensor>& inputs, const std::function<void()>& step,
           const std::string& eager_because = "");
+  // Gives the graph and its pool back, for work that runs beside it (validation: its memory
+  // would sit on top of the pool's, which the estimate does not count). The next step of the same
+  // key is captured again at once, as any key captured before: its shapes have been run and tuned.
+  void release();
+  // Bytes of the inputs the graph's capture read, which it holds between steps (0 = no graph).
+  int64_t held_bytes() const;
   bool active() const { return active_; }  // false once auto found the eager step faster, or a capture failed
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
@@ -78,6 +85,7 @@ class StepGraph {
   bool active_ = true;
   std::string key_;                 // the captured graph's
   std::vector<at::Tensor> inputs_;  // what its capture read
+  std::set<std::string> captured_keys_;  // every key captured in this run
   std::string last_key_;            // the last eager step's, and how many steps in a row had it
   int64_t repeats_ = 0;
   int64_t boxes_ = 0;
