@@ -124,7 +124,15 @@ TEST(Interop, Yolo26DetectionsAreTheLibrarysEndToEndOutput) {
   at::NoGradGuard no_grad;
   eval::DecodeOptions o;
   o.nms.conf = 0;  // every row, to compare them all
-  const eval::Detections d = eval::decode(w.model->info(), w.model->forward(ref.at("input")), o);
+  const eval::Detections d = eval::detect(*w.model, ref.at("input"), o);  // the one-to-one branch alone
+  // which computes its branch as when both run, and only for that call
+  const HeadOutputs both = w.model->forward(ref.at("input"));
+  w.model->head().set_one_to_one_only(true);
+  const HeadOutputs alone = w.model->forward(ref.at("input"));
+  w.model->head().set_one_to_one_only(false);
+  EXPECT_EQ(both.count("pred"), 1u);
+  EXPECT_EQ(alone.count("pred"), 0u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(alone.at("one2one")[i], both.at("one2one")[i])) << "level " << i;
   const at::Tensor want = ref.at("decoded").to(at::kFloat);  // [2, 84, 6]: x1, y1, x2, y2, score, class
   ASSERT_EQ(d.boxes.sizes(), (at::IntArrayRef{2, want.size(1), 4}));
   EXPECT_TRUE(at::equal(d.counts, at::full({2}, want.size(1), at::kLong))) << d.counts;

@@ -91,7 +91,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     at::NoGradGuard no_grad;
     loader.start(0);
     while (auto batch = loader.next()) {
-      const auto rows = eval::to_original_pixels(eval::decode(model.info(), model.forward(eval::model_input(batch->images, device)), d), batch->meta);
+      const auto rows = eval::to_original_pixels(eval::detect(model, eval::model_input(batch->images, device), d), batch->meta);
       for (size_t b = 0; b < rows.size(); ++b) {
         results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir));
         detections += int64_t(rows[b].size());

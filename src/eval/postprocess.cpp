@@ -174,6 +174,15 @@ Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& o
   throw Error("no decoder for model family '" + info.family + "'");
 }
 
+Detections detect(models::DetectorImpl& model, const at::Tensor& input, const DecodeOptions& o) {
+  struct OneToOneOnly {  // set for this call only: the model is also trained, exported, compared
+    models::HeadImpl& head;
+    explicit OneToOneOnly(models::HeadImpl& h, bool on) : head(h) { head.set_one_to_one_only(on); }
+    ~OneToOneOnly() { head.set_one_to_one_only(false); }
+  } branch(model.head(), o.one_to_one);
+  return decode(model.info(), model.forward(input), o);
+}
+
 std::vector<std::vector<std::array<float, 6>>> to_original_pixels(const Detections& d, const std::vector<data::ImageMeta>& meta) {
   const at::Tensor boxes = d.boxes.to(at::kCPU, at::kFloat).contiguous(), scores = d.scores.to(at::kCPU, at::kFloat).contiguous();
   const at::Tensor classes = d.classes.to(at::kCPU).contiguous(), counts = d.counts.to(at::kCPU).contiguous();

@@ -128,7 +128,7 @@ ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<con
   data::Loader loader(split, o.loader, o.cache);
   loader.start(0);
   while (auto batch = loader.next()) {
-    const Detections d = decode(model.info(), model.forward(model_input(batch->images, o.device)), o.decode);
+    const Detections d = detect(model, model_input(batch->images, o.device), o.decode);
     const auto rows = to_original_pixels(d, batch->meta);
     for (size_t b = 0; b < rows.size(); ++b)
       for (const auto& row : rows[b]) {

@@ -58,6 +58,9 @@ Candidates decode_candidates(const models::DetectorInfo& info, const models::Hea
 
 // Detections in the model's input pixels: NMS, or top-k for an end-to-end head.
 Detections decode(const models::DetectorInfo& info, const models::HeadOutputs& outputs, const DecodeOptions& o);
+// The model (in eval mode) on `input`, decoded: an end-to-end head decoded by its one-to-one
+// branch runs that branch alone.
+Detections detect(models::DetectorImpl& model, const at::Tensor& input, const DecodeOptions& o);
 
 // Maps detections from the letterboxed canvas back to original-image pixels (clipped), on the
 // host. Returns, per image, rows of (x1, y1, x2, y2, score, class).

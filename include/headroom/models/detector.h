@@ -71,6 +71,9 @@ class HeadImpl : public torch::nn::Module {
   virtual void describe(DetectorInfo& info) const = 0;
   // Heads with large activations (CenterNet's 3x3 convolutions at stride 4) recompute in `all`.
   virtual void set_recompute(RecomputeMode) {}
+  // An end-to-end head (YOLO26) outside training: only its one-to-one branch ("one2one"), all a
+  // decode without NMS reads. Other heads have one branch.
+  virtual void set_one_to_one_only(bool) {}
 };
 
 // A run of rows between stride changes: the unit `activation_checkpointing: stages` recomputes

@@ -134,6 +134,7 @@ class DetectV8Impl : public HeadImpl {
   }
 
   HeadOutputs forward(const std::vector<at::Tensor>& x) override {
+    if (one2one_cv2 && one_to_one_only_ && !is_training()) return {{"one2one", run(one2one_cv2, one2one_cv3, x)}};
     HeadOutputs out{{"pred", run(cv2, cv3, x)}};
     if (one2one_cv2) {
       // The one-to-one loss trains its branch, not the features: whatever the mode (a frozen
@@ -159,6 +160,8 @@ class DetectV8Impl : public HeadImpl {
       }
     }
   }
+
+  void set_one_to_one_only(bool on) override { one_to_one_only_ = on; }
 
   void describe(DetectorInfo& info) const override {
     info.family = "yolov8";
@@ -222,6 +225,7 @@ class DetectV8Impl : public HeadImpl {
   }
 
   int64_t nc_, reg_max_;
+  bool one_to_one_only_ = false;
 };
 
 // YOLOv5 Detect: per level one 1x1 conv to anchors x (5 + nc).
