@@ -27,42 +27,50 @@ const std::pair<const char*, OptimizerKind> kOptimizerKind[] = {
 // shrinks a state is 1 then, every rate and every term not made of the gradient (decay from the
 // parameter, the momentum buffer's step) 0, and the gradients are zeroed first (inf * 0 is NaN),
 // so each state is written with its own value, exactly.
+//
+// The rate comes from the host or from a device tensor (Optimizer::set_rates_on_device, what a
+// captured step reads); either way every factor made of it is computed on the device, in double.
 struct GroupStep {
-  double lr = 0, wd = 0, m = 0;
+  double wd = 0, m = 0;
   at::Tensor keep;                 // 1, 0 when skipped: the step counter's increment
   at::Tensor momentum, beta2;      // momentum, beta2 (RMSprop's rho): 1 when skipped
   at::Tensor decay;                // 1 - lr wd: 1 when skipped
   at::Tensor wd_term;              // wd (L2 decay taken from p): 0 when skipped
-  at::Tensor neg_lr, neg_lr_m;     // -lr and -lr m (Nesterov): 0 when skipped
+  at::Tensor lr, neg_lr, neg_lr_m; // lr, -lr and -lr m (Nesterov): 0 when skipped
   at::Tensor minus_one;            // RMSprop's p -= mom: 0 when skipped
   at::Tensor muon_rate;            // MuSGD's Muon half, -lr * muon_scale: 0 when skipped
   at::Tensor rate, bc2_sqrt, eps;  // Adam: -lr / (1 - beta1^t) (0 when skipped), sqrt(1 - beta2^t), eps
 };
 
-// `step`: the group's step counter; `skip`: bool [] on the parameters' device; `device`: the
-// parameters' options (the factors' device and dtype).
-GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const at::Tensor& skip, const OptimizerOptions& o,
-                     const at::TensorOptions& device) {
+// `step`: the group's step counter; `skip`: bool [] on the parameters' device; `rate`: the
+// group's lr on the device, or undefined (g.lr); `device`: the parameters' options (the factors'
+// device and dtype).
+GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const at::Tensor& skip, const at::Tensor& rate,
+                     const OptimizerOptions& o, const at::TensorOptions& device) {
   const auto scalar = [&](double v) { return at::full({}, v, device); };
   const auto gated = [&](double v, double skipped) { return at::where(skip, scalar(skipped), scalar(v)); };
+  const auto gated_t = [&](const at::Tensor& v, double skipped) { return at::where(skip, scalar(skipped), v.to(device.dtype())); };
   const bool adam = o.kind() == OptimizerKind::adam || o.kind() == OptimizerKind::adamw;
+  const at::Tensor base = rate.defined() ? rate.to(at::kDouble) : at::full({}, g.lr, device.dtype(at::kDouble));
+  const at::Tensor lr = g.muon ? base * o.sgd_scale() : base;  // a Muon group's SGD half
   GroupStep s;
-  s.lr = g.muon ? g.lr * o.sgd_scale() : g.lr, s.wd = g.weight_decay, s.m = g.momentum;  // a Muon group's SGD half
+  s.wd = g.weight_decay, s.m = g.momentum;
   s.keep = at::logical_not(skip).to(step.scalar_type());
   s.momentum = gated(g.momentum, 1);
-  s.decay = gated(1 - s.lr * g.weight_decay, 1);
+  s.decay = at::where(skip, scalar(1), (1 - lr * g.weight_decay).to(device.dtype()));
   s.wd_term = gated(g.weight_decay, 0);
-  s.neg_lr = gated(-s.lr, 0);
-  s.neg_lr_m = gated(-s.lr * g.momentum, 0);
+  s.lr = gated_t(lr, 0);
+  s.neg_lr = gated_t(-lr, 0);
+  s.neg_lr_m = gated_t(lr * -g.momentum, 0);
   s.minus_one = gated(-1, 0);
-  if (g.muon) s.muon_rate = gated(-g.lr * o.muon_scale(), 0);
+  if (g.muon) s.muon_rate = gated_t(base * -o.muon_scale(), 0);
   if (adam) {
     // The bias corrections from the device's step count, in double as torch.optim computes them.
     const at::Tensor t = step.to(at::kDouble) + 1;
     s.beta2 = gated(o.beta2(), 1);
     s.bc2_sqrt = at::sqrt(1 - at::pow(o.beta2(), t)).to(device.dtype());
     s.eps = scalar(o.eps());
-    s.rate = at::where(skip, scalar(0), (-g.lr / (1 - at::pow(g.momentum, t))).to(device.dtype()));
+    s.rate = gated_t(-lr / (1 - at::pow(g.momentum, t)), 0);
   } else if (o.kind() == OptimizerKind::rmsprop) {
     s.beta2 = gated(o.rho(), 1);
     s.eps = scalar(o.eps());
@@ -80,11 +88,13 @@ void rmsprop_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& mom, at::
   if (s.wd != 0) p.mul_(s.decay);
   if (s.m != 0) {
     ws.copy_(ms).add_(s.eps).sqrt_();
-    mom.mul_(s.momentum).addcdiv_(grad, ws, s.lr);
+    at::div_out(ws, grad, ws);
+    mom.mul_(s.momentum).addcmul_(ws, s.lr);
     p.addcmul_(mom, s.minus_one);
   } else {
     at::sqrt_out(ws, ms).add_(s.eps);
-    p.addcdiv_(grad, ws, -s.lr);
+    at::div_out(ws, grad, ws);
+    p.addcmul_(ws, s.neg_lr);
   }
 }
 
@@ -101,7 +111,7 @@ void sgd_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, const Gr
     return;
   }
   if (wd != 0) p.mul_(s.decay);
-  p.add_(grad, -s.lr);
+  p.addcmul_(grad, s.neg_lr);
   if (nesterov) p.addcmul_(buf, s.neg_lr_m);
 }
 
@@ -277,11 +287,9 @@ std::vector<at::Tensor> Optimizer::state_tensors() const {
   return out;
 }
 
-bool Optimizer::set_rates_on_device() {
-  if (!fused_) return false;
+void Optimizer::set_rates_on_device() {
   rates_.clear();
   for (const auto& g : groups_) rates_.push_back(at::full({}, g.lr, g.params.front().options().dtype(at::kFloat)));
-  return true;
 }
 
 void Optimizer::load_rates() {
@@ -342,7 +350,8 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest, cons
   std::vector<MuonUpdates> muon(active.size());
   for (size_t i = 0; i < active.size(); ++i) {
     const Active& a = active[i];
-    group_steps.push_back(group_step(*a.group, a.step, skip, options_, p0.options()));
+    const at::Tensor rate = rates_.empty() ? at::Tensor() : rates_.at(size_t(a.group - groups_.data()));
+    group_steps.push_back(group_step(*a.group, a.step, skip, rate, options_, p0.options()));
     if (a.group->muon) muon[i] = muon_updates(a.grads, a.buf1, a.group->momentum, group_steps[i].momentum, options_.nesterov());
   }
   for (size_t i = 0; i < active.size(); ++i) {

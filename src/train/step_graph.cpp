@@ -8,7 +8,6 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/memory_errors.h"
 #include "headroom/core/text.h"
-#include "headroom/core/torch_compat.h"
 
 namespace headroom::train {
 
@@ -31,9 +30,6 @@ std::string graph_refusal(const Config& c, c10::Device device, int64_t world) {
   if (!unavailable.empty()) return unavailable;
   if (c.augment.multi_scale > 0) return "augment.multi_scale changes the image size every step";
   if (world > 1) return "the run has " + std::to_string(world) + " processes, and their gradient exchange is not captured";
-  if (c.train.optimizer != "sgd" && c.train.optimizer != "adam" && c.train.optimizer != "adamw")
-    return "train.optimizer=" + c.train.optimizer + " has no fused update to capture (sgd, adam and adamw have)";
-  if (!HEADROOM_HAS_FUSED_OPTIMIZERS) return "this LibTorch has no fused optimizers (2.4 or newer has)";
   return "";
 }
 

@@ -71,7 +71,7 @@ Trainer::Trainer(TrainerParts parts)
     if (options_.side_stream()) side_stream_ = std::make_unique<SideStream>(device_);
   }
   if (options_.cuda_graphs() != GraphMode::off) {
-    TORCH_CHECK(optimizer_->set_rates_on_device(), "train.cuda_graphs needs a fused optimizer (graph_refusal lets none other through)");
+    optimizer_->set_rates_on_device();
     graph_ = std::make_unique<StepGraph>(device_, options_.cuda_graphs());
   }
 }
@@ -161,10 +161,12 @@ void Trainer::run_step() {
   }
   if (monitor_) {
     step_memory_ = monitor_->sample();  // host-side counters: no sync
-    if (graph_ran_ == StepGraph::Ran::eager)
-      eager_peak_ = step_memory_->peak_allocated;
-    else  // the graph's pool holds what the eager step of these shapes allocated, and the graph its inputs
-      step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, eager_peak_ + graph_->held_bytes());
+    // A capture's allocations are the allocator's too (in the graph's pool); a replay allocates
+    // nothing: it is held at the peak of the capture, whose pool it reuses, plus the graph's inputs.
+    if (graph_ran_ != StepGraph::Ran::replayed)
+      shape_peak_ = step_memory_->peak_allocated;
+    else
+      step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, shape_peak_ + graph_->held_bytes());
     if (!writing && !checkpoint_writer_.writing()) step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
   }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank

@@ -75,12 +75,10 @@ class Optimizer {
   std::vector<ParamGroup>& groups() { return groups_; }
   const OptimizerOptions& options() const { return options_; }
   bool fused() const { return fused_; }
-  // Fused updates then read each group's lr from a device tensor that load_rates fills from the
-  // groups (queued before the update, outside a captured graph), so that a graph replayed at every
-  // step (train/step_graph.h) follows the schedule. False, and nothing changes, where the update is
-  // not fused.
-  bool set_rates_on_device();
-  bool rates_on_device() const { return !rates_.empty(); }
+  // Updates then read each group's lr from a device tensor that load_rates fills from the groups
+  // (queued before the update, outside a captured graph), so that a graph replayed at every step
+  // (train/step_graph.h) follows the schedule.
+  void set_rates_on_device();
   void load_rates();
   std::vector<at::Tensor> grads() const;  // defined gradients of every group
   std::vector<at::Tensor> state_tensors() const;  // momentum / moment buffers and step counters

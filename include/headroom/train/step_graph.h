@@ -39,7 +39,7 @@ GraphMode graph_mode_from(const std::string& word);  // train.cuda_graphs
 const char* to_string(GraphMode m);
 
 // Why this run's steps cannot be captured ("" = they can): not CUDA, multi-scale training, several
-// processes (the gradient exchange is not captured), an optimizer without a fused update.
+// processes (the gradient exchange is not captured).
 std::string graph_refusal(const Config& c, c10::Device device, int64_t world);
 // train.cuda_graphs for this run: `on` where a refusal applies is an error naming it; `auto` is
 // then off, and says why once.

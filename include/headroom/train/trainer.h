@@ -252,7 +252,7 @@ class Trainer {
   StepInput recorded_input_;
   std::vector<RecordedPart> recorded_parts_;
   StepGraph::Ran graph_ran_ = StepGraph::Ran::eager;
-  int64_t eager_peak_ = 0;  // the last eager step's peak: a replay allocates nothing, its graph's pool holds as much
+  int64_t shape_peak_ = 0;  // the last eager or captured step's peak: a replay allocates nothing, its graph's pool holds as much
   std::optional<MemoryStats> step_memory_;
   int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU snapshot must fit beside
   bool said_sync_ = false;
