@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {
       {"yolov8n", "yolov8n.yaml", 320, 1, off},      {"yolov8n", "yolov8n.yaml", 640, 1, every},
       {"yolov8s", "yolov8s.yaml", 640, 1, off},      {"yolov5s", "yolov5s.yaml", 640, 1, off},
+      {"yolo26n", "yolo26n.yaml", 640, 1, off},
       {"centernet_csp_s", "centernet_csp_s.yaml", 512, 1, off},
       {"centernet_hg52", "centernet_hg52.yaml", 256, 2, off},
       {"centernet_hg52", "centernet_hg52.yaml", 512, 1, off},
@@ -78,11 +79,16 @@ int main(int argc, char** argv) {
     const at::Tensor x = at::rand({c.batch, 3, c.imgsz, c.imgsz});
     const int64_t param_bytes = d->parameter_count() * 4;
     d->eval();
-    double forward_s;
+    double forward_s, one_to_one_s = 0;
     {
       at::NoGradGuard no_grad;
       d->forward(x);  // warm-up
       forward_s = seconds_of([&] { d->forward(x); }, repeat);
+      if (d->info().end2end) {  // what validation and predict run: the one-to-one branch alone
+        d->head().set_one_to_one_only(true);
+        one_to_one_s = seconds_of([&] { d->forward(x); }, repeat);
+        d->head().set_one_to_one_only(false);
+      }
     }
     d->train();
     double off_step = 0;
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
       j["recompute"] = to_string(mode);
       j["params"] = d->parameter_count();
       j["forward_s"] = forward_s;
+      if (one_to_one_s > 0) j["forward_one_to_one_s"] = one_to_one_s;
       j["train_step_s"] = step_s;
       j["param_and_grad_bytes"] = 2 * param_bytes;
       j["baseline_bytes"] = m.baseline;
