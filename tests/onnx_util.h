@@ -41,16 +41,16 @@ inline std::map<std::string, at::Tensor> run_onnx(const std::string& path, const
 }
 
 // What the graph should output, from our forward: YOLO [B, 4 + nc, A] xywh + scores (end-to-end
-// heads: every top-k detection [B, k, 6]), CenterNet the last stack's sigmoid heatmap, size and
-// offset.
-inline std::map<std::string, at::Tensor> forward_outputs(models::DetectorImpl& model, const at::Tensor& x) {
+// heads: every top-k detection [B, k, 6]; with end2end false their one-to-many branch per anchor),
+// CenterNet the last stack's sigmoid heatmap, size and offset.
+inline std::map<std::string, at::Tensor> forward_outputs(models::DetectorImpl& model, const at::Tensor& x, bool end2end = true) {
   model.eval();
   at::NoGradGuard no_grad;
   const models::HeadOutputs out = model.forward(x);
   if (model.info().family == "centernet")
     return {{"heatmap", out.at("heatmap").back().sigmoid()}, {"size", out.at("size").back()}, {"offset", out.at("offset").back()}};
-  const eval::Candidates c = eval::decode_candidates(model.info(), out);
-  if (model.info().end2end) {
+  const eval::Candidates c = eval::decode_candidates(model.info(), out, end2end);
+  if (model.info().end2end && end2end) {
     eval::NmsOptions every;
     every.conf = -1;
     const eval::Detections d = eval::topk_detections(c.boxes, c.scores, every);

@@ -183,6 +183,18 @@ TEST(Interop, OnnxExportOfAnEndToEndHeadKeepsMaxDetRows) {
   EXPECT_LT(max_abs(got.select(2, 4), d.scores), 1e-5);
   EXPECT_TRUE(at::equal(got.select(2, 5).to(at::kLong), d.classes));
   EXPECT_THROW(export_onnx(*w.model, w.info, dir + "/bad.onnx", OnnxExportOptions().imgsz(64).max_det(0)), InputError);
+  // end2end false: the one-to-many branch per anchor, [B, 4 + nc, A] as the other YOLO heads, for
+  // the runtime's NMS (Ultralytics' own default export of YOLO26, nms=None); its metadata says so.
+  export_onnx(*w.model, w.info, dir + "/m.onnx", OnnxExportOptions().imgsz(64).dynamic(true).end2end(false));
+  onnx::ModelProto many;
+  ASSERT_TRUE(many.ParseFromString(test::read_bytes(dir + "/m.onnx")));
+  meta.clear();
+  for (const auto& p : many.metadata_props()) meta[p.key()] = p.value();
+  EXPECT_EQ(meta.at("end2end"), "False");
+  const at::Tensor want = forward_outputs(*w.model, x, /*end2end=*/false).at("output0");
+  const at::Tensor per_anchor = run_onnx(dir + "/m.onnx", x).at("output0");
+  ASSERT_EQ(per_anchor.sizes(), (at::IntArrayRef{2, 4 + w.model->info().nc, 84}));
+  EXPECT_LT(max_abs(per_anchor, want), 2e-4 * std::max(1.0, want.abs().max().item<double>()));
 }
 
 // The full Hourglass-104 (191,284,008 parameters) under the CenterNet name map: exactly the

@@ -12,7 +12,7 @@ namespace fs = std::filesystem;
 void add_export_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("export", "Write a model's weights in another format (Headroom's own or imported weights)");
   static std::string weights, format = "onnx", out;
-  static bool half = false, dynamic = false;
+  static bool half = false, dynamic = false, end2end = true;
   static int64_t imgsz = 640, batch = 1, max_det = 300;
   cmd->add_option("--weights,-w", weights, "Weights file (Headroom, Ultralytics, YOLOv5, CenterNet or safetensors)")->required();
   cmd->add_option("--format,-f", format, "onnx (opset 17, the decode in the graph) or safetensors")
@@ -23,6 +23,10 @@ void add_export_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--imgsz", imgsz, "ONNX: the square input size")->capture_default_str();
   cmd->add_option("--batch", batch, "ONNX: the static batch size")->capture_default_str();
   cmd->add_option("--max-det", max_det, "ONNX, end-to-end models (YOLO26): detections per image in the output")->capture_default_str();
+  cmd->add_option("--end2end", end2end,
+                  "ONNX, end-to-end models (YOLO26): true, the detections (no NMS); false, the one-to-many branch per anchor, "
+                  "[B, 4 + nc, A], for the runtime's NMS")
+      ->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");
   cmd->callback([&exit_code] {
     models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
@@ -30,7 +34,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
     std::error_code ec;
     if (fs::equivalent(target, weights, ec)) throw InputError(target + ": is the input weights file; choose another --out");
     if (format == "onnx")
-      interop::export_onnx(*w.model, w.info, target, interop::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half).max_det(max_det));
+      interop::export_onnx(*w.model, w.info, target, interop::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half).max_det(max_det).end2end(end2end));
     else
       interop::save_safetensors_weights(*w.model, w.info, target, half);
     spdlog::info("exported {} ({} parameters, {} classes) to {}", weights, w.model->parameter_count(), w.model->info().nc, target);

@@ -370,11 +370,11 @@ std::string emit_topk_detections(Emitter& e, const std::string& boxes, const std
 
 // YOLOv8 / YOLO11 / YOLO26: distances (the DFL expectation, or YOLO26's raw outputs) to a box
 // and sigmoid classes; per anchor [B, 4 + nc, A] centre-size boxes, or an end-to-end head's
-// one-to-one detections [B, k, 6] with no NMS left to run.
+// one-to-one detections [B, k, 6] with no NMS left to run (`end2end`; else its one-to-many branch
+// per anchor).
 std::string emit_detect_v8(Emitter& e, DetectV8Impl& d, const std::vector<std::string>& f, const std::vector<at::Tensor>& feats,
-                           const std::vector<int64_t>& strides, int64_t max_det) {
+                           const std::vector<int64_t>& strides, int64_t max_det, bool end2end) {
   const int64_t reg_max = d.reg_max(), nc = d.nc(), no = 4 * reg_max + nc;
-  const bool end2end = bool(d.one2one_cv2);
   torch::nn::ModuleList boxes_of = end2end ? d.one2one_cv2 : d.cv2, classes_of = end2end ? d.one2one_cv3 : d.cv3;
   std::vector<std::string> levels;
   for (size_t i = 0; i < f.size(); ++i)
@@ -500,7 +500,7 @@ using NamedOutputs = std::vector<std::pair<std::string, std::string>>;  // {grap
 
 // The head's outputs: {graph value, output name}, by head type.
 NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::string>& features, const HeadOutputs& probe,
-                       int64_t max_det) {
+                       int64_t max_det, bool end2end) {
   const DetectorInfo& di = model.info();
   using HeadEmitter = std::function<NamedOutputs(Emitter&, HeadImpl&)>;
   const auto yolo = [&](auto emit) -> HeadEmitter {
@@ -508,8 +508,9 @@ NamedOutputs emit_head(Emitter& e, DetectorImpl& model, const std::vector<std::s
   };
   const std::unordered_map<std::type_index, HeadEmitter> heads = {
       {std::type_index(typeid(DetectV8Impl)),
-       yolo([max_det](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
-         return emit_detect_v8(em, dynamic_cast<DetectV8Impl&>(h), f, p, s, max_det);
+       yolo([max_det, end2end](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p,
+                               const std::vector<int64_t>& s) {
+         return emit_detect_v8(em, dynamic_cast<DetectV8Impl&>(h), f, p, s, max_det, end2end);
        })},
       {std::type_index(typeid(DetectV5Impl)),
        yolo([](Emitter& em, HeadImpl& h, const std::vector<std::string>& f, const std::vector<at::Tensor>& p, const std::vector<int64_t>& s) {
@@ -602,7 +603,8 @@ void check_graph(onnx::ModelProto& m) {
 }  // namespace
 
 void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string& path, const OnnxExportOptions& o) {
-  const DetectorInfo& di = model.info();
+  DetectorInfo di = model.info();
+  di.end2end = di.end2end && o.end2end();  // the graph's outputs, shapes and metadata follow the branch written
   check_export_options(di, o);
   at::NoGradGuard no_grad;
   model.to(at::kCPU, at::kFloat);
@@ -621,7 +623,7 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
   add_io(gp.add_input(), "images", o.half(), {B, 3, o.imgsz(), o.imgsz()}, o.dynamic(), {"batch", "", "height", "width"});
   const std::string image = emit_input_norm(g, model.input_norm());
   const std::vector<std::string> features = emit_rows(e, model, image);
-  for (const auto& [value, name] : emit_head(e, model, features, probe, o.max_det())) {
+  for (const auto& [value, name] : emit_head(e, model, features, probe, o.max_det(), di.end2end)) {
     rename_output(gp, value, name);
     const std::vector<std::string> symbolic = di.family == "centernet" ? std::vector<std::string>{"batch", "", "out_height", "out_width"}
                                               : di.end2end               ? std::vector<std::string>{"batch", "detections", ""}

@@ -28,6 +28,9 @@ struct OnnxExportOptions {
   TORCH_ARG(bool, dynamic) = false;  // symbolic batch dimension
   TORCH_ARG(bool, half) = false;     // fp16 weights, input and outputs
   TORCH_ARG(int64_t, max_det) = 300; // end-to-end heads: detections per image
+  // An end-to-end head (YOLO26): its one-to-one detections [B, k, 6]; false, its one-to-many
+  // branch per anchor [B, 4 + nc, A] for the runtime's NMS, as the other YOLO heads.
+  TORCH_ARG(bool, end2end) = true;
 };
 
 // Folds the model's BatchNorms (it is changed in place), writes the graph, checks it with the
