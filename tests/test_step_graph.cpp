@@ -179,6 +179,7 @@ namespace {
 struct GraphRun {
   std::vector<at::Tensor> weights;
   int64_t captures = 0, replays = 0;
+  bool active = false;  // auto: kept the graphs after timing them
 };
 
 // One epoch of the small set (6 steps of 4 images, then one of 2) through the governor's
@@ -218,7 +219,7 @@ GraphRun train_with_graphs(const std::string& graphs, const std::string& model, 
   t.train();
   GraphRun r;
   r.weights = params_of(t.model());
-  if (t.step_graph()) r.captures = t.step_graph()->captures(), r.replays = t.step_graph()->replays();
+  if (t.step_graph()) r.captures = t.step_graph()->captures(), r.replays = t.step_graph()->replays(), r.active = t.step_graph()->active();
   return r;
 }
 }  // namespace
@@ -292,6 +293,20 @@ TEST(StepGraph, TheNextEpochIsCapturedAtItsFirstStep) {
   EXPECT_EQ(graphed.captures, 2);
   EXPECT_EQ(graphed.replays, 6);  // 8 to 13
   EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
+}
+
+// auto times three replays against the eager step before the capture (steps 4-6) and decides
+// once: kept, the next epoch is captured at its first step (8) and replayed to 13; dropped, the
+// run trains eagerly from step 7 on. Either way it trains as eagerly.
+TEST(StepGraph, AutoDecidesOnceAndTrainsAsEager) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const GraphRun automatic = train_with_graphs("auto", "yolov8.yaml", "off", 0, false, {"train.steps=14"}),
+                 eager = train_with_graphs("off", "yolov8.yaml", "off", 0, false, {"train.steps=14"});
+  std::printf("auto %s the graphs: %lld captures, %lld replays since the last\n", automatic.active ? "kept" : "dropped",
+              (long long)automatic.captures, (long long)automatic.replays);
+  EXPECT_EQ(automatic.captures, automatic.active ? 2 : 1);
+  EXPECT_EQ(automatic.replays, automatic.active ? 6 : 4);
+  EXPECT_LT(relative_difference(automatic.weights, eager.weights), 1e-5);
 }
 
 // Replays never sync the host; each batch's box count (1 to 5) is padded to one shape.

@@ -73,7 +73,7 @@ if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=
 
 # 1. The GPU tests: CUDA against the CPU (augmentation, NMS), the budget and OOM recovery on CUDA,
 #    pinned batches, and steps that never sync the host (sync-debug mode set to error).
-gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Device.CudaSideStreamMemoryWaitsForTheComputeStream:Device.CudaSideStreamWorkIsReadyForTheComputeStream:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.InputOnASideStreamTrainsAsOnTheComputeStream:Train.StepsOnCudaNeverSyncTheHost:StepGraph.ReplayedStepsTrainAsEagerOnes:StepGraph.ANewMicroBatchIsCapturedAgain:StepGraph.ValidationGivesTheGraphBack:StepGraph.TheNextEpochIsCapturedAtItsFirstStep:StepGraph.StepsThatRecomputeRunEagerly:StepGraph.ReplaysNeverSyncTheHost'
+gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Device.CudaSideStreamMemoryWaitsForTheComputeStream:Device.CudaSideStreamWorkIsReadyForTheComputeStream:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.InputOnASideStreamTrainsAsOnTheComputeStream:Train.StepsOnCudaNeverSyncTheHost:StepGraph.ReplayedStepsTrainAsEagerOnes:StepGraph.ANewMicroBatchIsCapturedAgain:StepGraph.ValidationGivesTheGraphBack:StepGraph.TheNextEpochIsCapturedAtItsFirstStep:StepGraph.AutoDecidesOnceAndTrainsAsEager:StepGraph.StepsThatRecomputeRunEagerly:StepGraph.ReplaysNeverSyncTheHost'
 if want gpu; then
   stage "gpu tests"
   timeout $(lim 100) $B/headroom_tests --gtest_filter="$gpu_tests" > /tmp/gpu_tests.log 2>&1
