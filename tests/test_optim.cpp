@@ -34,6 +34,10 @@ void reference_step(OptimizerKind kind, at::Tensor& p, at::Tensor g, at::Tensor&
   if (kind == OptimizerKind::rmsprop) {
     p = p * (1 - lr * wd);
     buf2 = 0.9 * buf2 + 0.1 * g * g;
+    if (m == 0) {  // TF's plain RMSProp: eps outside the root
+      p = p - lr * g / (buf2.sqrt() + eps);
+      return;
+    }
     buf1 = m * buf1 + lr * g / (buf2 + eps).sqrt();
     p = p - buf1;
     return;
@@ -58,13 +62,13 @@ double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).abs() / (b.abs() + 1e-12)).max().item<double>();
 }
 
-void check_against_reference(OptimizerKind kind, bool fused) {
+void check_against_reference(OptimizerKind kind, bool fused, bool nesterov = true, double momentum = 0.9) {
   at::manual_seed(3);
   std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5}), at::randn({2, 2, 3, 3})};
   for (auto& p : params) p.set_requires_grad(true);
-  std::vector<ParamGroup> groups = {{"weights", {params[0], params[2]}, 0.01, 0.9, 0.05, false},
-                                    {"bias", {params[1]}, 0.02, 0.9, 0.0, true}};
-  Optimizer opt(groups, OptimizerOptions().kind(kind).fused(fused));
+  std::vector<ParamGroup> groups = {{"weights", {params[0], params[2]}, 0.01, momentum, 0.05, false},
+                                    {"bias", {params[1]}, 0.02, momentum, 0.0, true}};
+  Optimizer opt(groups, OptimizerOptions().kind(kind).fused(fused).nesterov(nesterov));
   std::vector<at::Tensor> ref_p, ref_b1, ref_b2;
   for (const auto& p : params) {
     ref_p.push_back(p.detach().clone());
@@ -77,23 +81,31 @@ void check_against_reference(OptimizerKind kind, bool fused) {
       const at::Tensor g = at::randn(params[i].sizes());
       params[i].mutable_grad() = g.clone();
       const ParamGroup& grp = opt.groups()[size_t(owner[i])];
-      reference_step(kind, ref_p[i], g, ref_b1[i], ref_b2[i], step, grp.lr, grp.momentum, 0.999, 1e-8, grp.weight_decay, true);
+      reference_step(kind, ref_p[i], g, ref_b1[i], ref_b2[i], step, grp.lr, grp.momentum, 0.999, 1e-8, grp.weight_decay, nesterov);
     }
     opt.step();
     opt.zero_grad();
   }
   for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_LE(max_rel_diff(params[i].detach(), ref_p[i]), 1e-5) << "parameter " << i << (fused ? " (fused)" : " (foreach)");
+    EXPECT_LE(max_rel_diff(params[i].detach(), ref_p[i]), 1e-5)
+        << "parameter " << i << (fused ? " (fused)" : " (foreach)") << (nesterov ? "" : ", no Nesterov") << ", momentum " << momentum;
 }
 
 }  // namespace
 
 TEST(Optimizer, SgdNesterovMatchesTheReference) { check_against_reference(OptimizerKind::sgd, false); }
+TEST(Optimizer, SgdWithoutNesterovOrMomentumMatchesTheReference) {
+  for (bool fused : {false, bool(HEADROOM_HAS_FUSED_OPTIMIZERS)}) {
+    check_against_reference(OptimizerKind::sgd, fused, /*nesterov=*/false);
+    check_against_reference(OptimizerKind::sgd, fused, /*nesterov=*/false, /*momentum=*/0);
+  }
+}
 TEST(Optimizer, AdamMatchesTheReference) { check_against_reference(OptimizerKind::adam, false); }
 TEST(Optimizer, AdamWMatchesTheReference) { check_against_reference(OptimizerKind::adamw, false); }
 TEST(Optimizer, RmspropMatchesTheReference) {
   check_against_reference(OptimizerKind::rmsprop, false);
   check_against_reference(OptimizerKind::rmsprop, true);  // no fused kernel: the in-place path either way
+  check_against_reference(OptimizerKind::rmsprop, false, true, /*momentum=*/0);
 }
 
 TEST(Optimizer, FusedKernelsMatchTheReference) {

@@ -17,7 +17,7 @@ namespace {
 // chose; logs the choice and what was weighed.
 memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const data::Split>& train_split, MemoryMonitor& monitor,
                                   int64_t budget, dist::Group* group) {
-  memory::AutoBatch a = memory::choose_batch(c, train_split, monitor, budget);
+  memory::AutoBatch a = memory::choose_batch(c, train_split, monitor, budget, group ? group->world() : 1);
   if (group) {
     // The smallest choice of any rank; each loads its share of the step's images.
     for (const auto& v : group->all_gather({double(a.batch)}, "the ranks' train.batch auto choice"))
@@ -96,7 +96,7 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
     planner = a.planner;
   }
   if (c.memory.activation_checkpointing == "auto" && !planner)
-    planner = memory::make_recompute_planner(c, train_split, *run.monitor, run.budget);
+    planner = memory::make_recompute_planner(c, train_split, *run.monitor, run.budget, o.group ? o.group->world() : 1);
   std::string run_dir = o.run_dir;
   const int rank = o.group ? o.group->rank() : 0;
   if (run_dir.empty() && rank == 0) run_dir = open_run_dir(c);

@@ -85,7 +85,8 @@ int64_t MemoryEstimate::largest_batch(const ModeEstimate& m) const {
 }
 
 namespace {
-MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monitor, int64_t budget) {
+// `world`: the run's processes (several capture no graph).
+MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monitor, int64_t budget, int64_t world) {
   MemoryEstimate e;
   e.device = monitor.device().str();
   e.budget = budget;
@@ -106,7 +107,8 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.input_buffers_on_device = monitor.device().is_cpu();
   e.canvas_bytes = double(data::canvas_bytes(c.data.imgsz));
   e.input_beside = monitor.device().is_cuda() && c.data.side_stream;
-  e.step_graphed = p.trainer().options().cuda_graphs() != train::GraphMode::off;
+  e.step_graphed = train::graph_mode_from(c.train.cuda_graphs) != train::GraphMode::off &&
+                   train::graph_refusal(c, monitor.device(), world).empty();
   return e;
 }
 }  // namespace
@@ -128,7 +130,7 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
     std::stable_sort(modes.begin(), modes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     const bool amp_as_configured = !o.all_modes();
     Prober p = make_prober(c, train, monitor, amp_as_configured ? configured_amp : AmpMode::off, budget);
-    e = estimate_header(c, p, monitor, budget);
+    e = estimate_header(c, p, monitor, budget, 1);
     const std::vector<int64_t> probes = o.probe_batches().size() == 2 ? o.probe_batches() : default_probes(c);
     for (const auto& [amp, ck] : modes) {
       ModeEstimate m = probe_mode(p, amp ? (amp_as_configured ? configured_amp : AmpMode::bf16) : AmpMode::off, ck, probes);
@@ -431,7 +433,8 @@ struct BatchSearch {
 
 }  // namespace
 
-AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget) {
+AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget,
+                       int64_t world) {
   AutoBatch a;
   const LimitGuard limit(monitor, budget, c.memory.headroom);
   const bool plan_auto = c.memory.activation_checkpointing == "auto";
@@ -439,7 +442,7 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   const int64_t base = monitor.sample().allocated;
   Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
   const int64_t least = p.min_batch();
-  a.estimate = estimate_header(c, p, monitor, budget);
+  a.estimate = estimate_header(c, p, monitor, budget, world);
   a.step_batch = a.estimate.step_batch =
       std::max(least, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
   ModeEstimate plain = probe_mode(p, train::AmpMode::off, configured_ck, {least, least + 1});
@@ -542,13 +545,13 @@ std::string RecomputePlanner::describe(const StagePlan& p, int64_t size, int64_t
 }
 
 std::shared_ptr<RecomputePlanner> make_recompute_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
-                                                           MemoryMonitor& monitor, int64_t budget) {
+                                                           MemoryMonitor& monitor, int64_t budget, int64_t world) {
   const LimitGuard limit(monitor, budget, c.memory.headroom);
   Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
   ModeEstimate plain = probe_mode(p, train::AmpMode::off, models::RecomputeMode::off, default_probes(c));
   ModeEstimate recomputed = probe_mode(p, train::AmpMode::off, models::RecomputeMode::stages, default_probes(c));
   plain.configured = true;
-  MemoryEstimate e = estimate_header(c, p, monitor, budget);
+  MemoryEstimate e = estimate_header(c, p, monitor, budget, world);
   e.modes = {plain, recomputed};
   return std::make_shared<RecomputePlanner>(std::move(e), std::move(plain), std::move(recomputed));
 }

@@ -64,11 +64,6 @@ void StepGraph::release() {
   if (graph_.captured()) drop();
 }
 
-int64_t StepGraph::held_bytes() const {
-  int64_t n = 0;
-  for (const auto& t : inputs_) n += int64_t(t.nbytes());
-  return n;
-}
 
 StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tensor>& inputs, const std::function<void()>& step,
                               const std::string& eager_because) {
@@ -139,6 +134,8 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
   key_ = key;
   captured_keys_.insert(key);
   inputs_ = inputs;  // the capture read these: the next replays' inputs are copied into them
+  held_ = 0;
+  for (const auto& t : inputs_) held_ += int64_t(t.nbytes());
   ++captures_;
   if (captures_ == 1)  // later ones (a new epoch's, a new micro-batch's) say nothing new
     spdlog::info("CUDA graphs: the step's shapes repeated; it is captured and replayed from now on{}",

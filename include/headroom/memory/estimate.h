@@ -170,7 +170,9 @@ struct AutoBatch {
 // plan fits, throughput the highest images per second among sizes timed on real steps (the
 // largest that fits always among them). InputError with the table when the smallest
 // micro-batch does not fit.
-AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget);
+// `world`: the run's processes (each rank chooses for itself; several capture no CUDA graph).
+AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>& train, MemoryMonitor& monitor, int64_t budget,
+                       int64_t world = 1);
 std::string format_batch_options(const AutoBatch& a);
 
 // memory.activation_checkpointing: auto. From the per-stage activation bytes with and without
@@ -202,9 +204,10 @@ class RecomputePlanner {
   ModeEstimate plain_, recomputed_;
   std::map<std::pair<int64_t, int64_t>, StagePlan> cache_;
 };
-// Probes the configured run without recompute and with every stage recomputed.
+// Probes the configured run without recompute and with every stage recomputed (`world`: as
+// choose_batch's).
 std::shared_ptr<RecomputePlanner> make_recompute_planner(const Config& c, const std::shared_ptr<const data::Split>& train,
-                                                           MemoryMonitor& monitor, int64_t budget);
+                                                           MemoryMonitor& monitor, int64_t budget, int64_t world = 1);
 
 // The densest label count of a split (boxes of its most crowded image).
 int64_t densest_labels(const data::Split& split);

@@ -14,7 +14,7 @@
 // first step of a shape also tunes cuDNN and fills caches, which a capture must not do; a key
 // captured before is captured again at once); a graph of another key is dropped, with its memory,
 // before a step runs eagerly. So an Ultralytics
-// warmup of SGD (its momentum moves every step) runs eagerly, and a governor that changes the
+// warmup of SGD or MuSGD (its momentum moves every step) runs eagerly, and a governor that changes the
 // micro-batch gets a new graph, never a wrong step. Ground truth is padded to a bucketed box
 // count (the largest power of two seen, at least 8), so that a crowded batch changes the key
 // once, not every step.
@@ -69,8 +69,9 @@ class StepGraph {
   // would sit on top of the pool's, which the estimate does not count). The next step of the same
   // key is captured again at once, as any key captured before: its shapes have been run and tuned.
   void release();
-  // Bytes of the inputs the graph's capture read, which it holds between steps (0 = no graph).
-  int64_t held_bytes() const;
+  // Bytes of the inputs the last graph's capture read, which it holds between steps (kept after
+  // the graph is dropped: the step that dropped it, auto's last timed replay, held them).
+  int64_t held_bytes() const { return held_; }
   bool active() const { return active_; }  // false once auto found the eager step faster, or a capture failed
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
@@ -89,6 +90,7 @@ class StepGraph {
   std::string last_key_;            // the last eager step's, and how many steps in a row had it
   int64_t repeats_ = 0;
   int64_t boxes_ = 0;
+  int64_t held_ = 0;
   int64_t captures_ = 0, replays_ = 0;
   std::set<std::string> said_;  // the eager reasons logged
   bool decided_ = false;        // auto timed its first capture
