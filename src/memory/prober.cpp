@@ -49,6 +49,7 @@ Prober::Prober(const Config& c, const std::shared_ptr<const data::Split>& split,
   pc.train.steps = 1;
   pc.train.amp = train::to_string(amp);
   pc.data.cache = "none";  // the probes never read images: no cache to build
+  pc.train.cuda_graphs = "off";  // probes are eager steps (the estimate adds what a graph holds), and say nothing of graphs
   train::TrainerParts parts = train::make_trainer_parts(pc, monitor.device(), "", split, nullptr);
   const int64_t multiple = parts.model->info().input_multiple;
   const augment::Augmenter as_configured(augment::augmenter_options(c, multiple, 1));
