@@ -48,8 +48,8 @@ struct GroupStep {
 GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const at::Tensor& skip, const at::Tensor& rate,
                      const OptimizerOptions& o, const at::TensorOptions& device) {
   const auto scalar = [&](double v) { return at::full({}, v, device); };
-  const auto gated = [&](double v, double skipped) { return at::where(skip, scalar(skipped), scalar(v)); };
   const auto gated_t = [&](const at::Tensor& v, double skipped) { return at::where(skip, scalar(skipped), v.to(device.dtype())); };
+  const auto gated = [&](double v, double skipped) { return gated_t(scalar(v), skipped); };
   const bool adam = o.kind() == OptimizerKind::adam || o.kind() == OptimizerKind::adamw;
   const at::Tensor base = rate.defined() ? rate.to(at::kDouble) : at::full({}, g.lr, device.dtype(at::kDouble));
   const at::Tensor lr = g.muon ? base * o.sgd_scale() : base;  // a Muon group's SGD half
@@ -57,7 +57,7 @@ GroupStep group_step(const ParamGroup& g, const at::Tensor& step, const at::Tens
   s.wd = g.weight_decay, s.m = g.momentum;
   s.keep = at::logical_not(skip).to(step.scalar_type());
   s.momentum = gated(g.momentum, 1);
-  s.decay = at::where(skip, scalar(1), (1 - lr * g.weight_decay).to(device.dtype()));
+  s.decay = gated_t(1 - lr * g.weight_decay, 1);
   s.wd_term = gated(g.weight_decay, 0);
   s.lr = gated_t(lr, 0);
   s.neg_lr = gated_t(-lr, 0);

@@ -64,7 +64,6 @@ void StepGraph::release() {
   if (graph_.captured()) drop();
 }
 
-
 StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tensor>& inputs, const std::function<void()>& step,
                               const std::string& eager_because) {
   if (!active_) {
