@@ -24,6 +24,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "headroom/core/device.h"
+#include "headroom/memory/monitor.h"
 #endif
 
 using namespace headroom;
@@ -70,33 +71,82 @@ TEST(Checkpoint, AFileHoldsTheTensorsAsTheyWereWhenWriteReturned) {
 }
 
 #ifdef HEADROOM_WITH_CUDA
+namespace {
+
+// A CUDA write with sync-debug mode set to error (a host sync throws), then the next steps'
+// kernels queued behind it, changing the tensor in place (x 1.5 rounds the same on both devices).
+void write_then_change(train::CheckpointWriter& w, at::Tensor& big, const std::string& path, bool stage) {
+  torch::serialize::OutputArchive root;
+  root.write("big", big);
+  root.write("alias", big.narrow(0, 16, 4));  // the same storage: copied once
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    w.write(std::move(root), path, "{}", {}, stage);
+    for (int i = 0; i < 20; ++i) big.mul_(1.5);
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  w.wait();
+}
+
+void expect_file_holds(const std::string& path, const at::Tensor& expected) {
+  torch::serialize::InputArchive in;
+  models::load_archive_verified(in, path, c10::Device(c10::kCPU), "checkpoint");
+  EXPECT_TRUE(at::equal(read_tensor(in, "big"), expected)) << path;
+  EXPECT_TRUE(at::equal(read_tensor(in, "alias"), expected.narrow(0, 16, 4))) << path;
+}
+
+}  // namespace
+
 // On CUDA the snapshot is queued on the stream behind the work that made the tensors and ahead
-// of the kernels that change them next, with no host sync (sync-debug mode set to error), into
-// pinned buffers that the next write reuses.
+// of the kernels that change them next, with no host sync, into pinned buffers that the next
+// write reuses. Staged, the state is first copied on the device (held there until the transfer
+// is done, then given back) and the transfer runs on a stream of its own.
 TEST(Checkpoint, ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync) {
   if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
   const std::string dir = temp_dir("ck-cuda");
-  const auto opts = at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::kCUDA, 0));
-  at::Tensor big = at::arange(int64_t{8} << 20, opts), expected = at::arange(int64_t{8} << 20, at::kFloat);
+  const c10::Device cuda(c10::kCUDA, 0);
+  const int64_t n = int64_t{8} << 20, bytes = n * 4;
+  at::Tensor big = at::arange(n, at::TensorOptions().dtype(at::kFloat).device(cuda)), expected = at::arange(n, at::kFloat);
+  const auto monitor = memory::make_memory_monitor(cuda);
   train::CheckpointWriter w;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 4; ++round) {
+    const bool stage = round >= 2;
     const std::string path = dir + "/" + std::to_string(round) + ".pt";
-    torch::serialize::OutputArchive root;
-    root.write("big", big);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    monitor->release_cache();
+    monitor->reset_peak();
+    const MemoryStats before = monitor->sample();
+    write_then_change(w, big, path, stage);
+    const MemoryStats after = monitor->sample();
+    if (stage) {  // one copy of the storage; the allocator may round a block up
+      EXPECT_GE(after.peak_allocated - before.allocated, bytes) << "round " << round << ": not staged";
+      EXPECT_LT(after.peak_allocated - before.allocated, bytes + (2 << 20)) << "round " << round;
+    } else {
+      EXPECT_EQ(after.peak_allocated, before.allocated) << "round " << round;
+    }
+    EXPECT_EQ(after.allocated, before.allocated) << "round " << round << ": the staged copy was not given back";
+    expect_file_holds(path, expected);
+    for (int i = 0; i < 20; ++i) expected.mul_(1.5);
+  }
+  // No room on the device for the staged copy: the transfer goes on the compute stream, for this
+  // write and every later one (an out-of-memory error costs the allocator's cache each time).
+  for (int round = 0; round < 2; ++round) {
+    monitor->release_cache();
+    monitor->reset_peak();
+    const MemoryStats before = monitor->sample();
+    if (round == 0) monitor->set_limit(before.reserved + bytes / 2);
     try {
-      w.write(std::move(root), path, "{}");
-      for (int i = 0; i < 20; ++i) big.mul_(1.5);  // the next steps' kernels, queued behind the copy
+      write_then_change(w, big, dir + "/tight" + std::to_string(round) + ".pt", /*stage=*/true);
     } catch (...) {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      monitor->set_limit(0);
       throw;
     }
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    w.wait();
-    torch::serialize::InputArchive in;
-    models::load_archive_verified(in, path, c10::Device(c10::kCPU), "checkpoint");
-    EXPECT_TRUE(at::equal(read_tensor(in, "big"), expected)) << "round " << round;
-    for (int i = 0; i < 20; ++i) expected.mul_(1.5);  // x 1.5 rounds the same on both devices
+    monitor->set_limit(0);
+    EXPECT_EQ(monitor->sample().peak_allocated, before.allocated) << "tight round " << round << ": staged";
+    expect_file_holds(dir + "/tight" + std::to_string(round) + ".pt", expected);
+    for (int i = 0; i < 20; ++i) expected.mul_(1.5);
   }
 }
 #endif
@@ -198,6 +248,67 @@ TEST(Checkpoint, ASnapshotThatDoesNotFitTheBudgetIsNotTaken) {
   auto [raw, ema] = checkpoint_models(path);
   EXPECT_TRUE(equal_lists(params_of(*raw), save.raw));
 }
+
+#ifdef HEADROOM_WITH_CUDA
+namespace {
+
+// Saves a checkpoint after step `at` and measures what the save added to the device's peak.
+class MeasuredSaveAt : public train::Hook {
+ public:
+  MeasuredSaveAt(int64_t at, std::string path, std::shared_ptr<MemoryMonitor> monitor)
+      : at_(at), path_(std::move(path)), monitor_(std::move(monitor)) {}
+  void after_step(train::Trainer& t) override {
+    if (t.state().step != at_) return;
+    raw = params_of(t.model());
+    monitor_->reset_peak();
+    const int64_t before = monitor_->sample().allocated;
+    t.save_checkpoint(path_);
+    t.wait_for_checkpoints();
+    added = monitor_->sample().peak_allocated - before;
+  }
+  std::vector<at::Tensor> raw;
+  int64_t added = -1;
+
+ private:
+  int64_t at_;
+  std::string path_;
+  std::shared_ptr<MemoryMonitor> monitor_;
+};
+
+}  // namespace
+
+// A CUDA trainer stages its snapshot on the device where it fits beside its largest step under
+// the budget (the device holds one more copy of the state while it goes to the host), and queues
+// the transfer on the step's stream where it does not; the file holds its step either way.
+TEST(Checkpoint, ACudaTrainerStagesItsSnapshotWhereItFits) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const bool room : {true, false}) {
+    const std::string dir = temp_dir(room ? "ck-cuda-room" : "ck-cuda-tight"), path = dir + "/step2.pt";
+    const Config c = load_config("", tiny_run({"train.steps=4", "train.val_every=0", "device=cuda"}));
+    at::manual_seed(0);
+    train::TrainerParts p = train::make_trainer_parts(c, cuda, dir);
+    const std::shared_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(cuda);
+    p.monitor = monitor;
+    p.options.memory_usable(room ? int64_t{1} << 40 : 1);
+    train::Trainer t(std::move(p));
+    auto hook = std::make_unique<MeasuredSaveAt>(2, path, monitor);
+    MeasuredSaveAt& save = *hook;
+    t.register_hook(std::move(hook));
+    t.train();
+    ASSERT_GE(save.added, 0);
+    const int64_t state = int64_t(fs::file_size(path));
+    if (room)
+      EXPECT_GE(save.added, state * 9 / 10) << "not staged: the device held " << save.added << " bytes more for a " << state << "-byte file";
+    else
+      EXPECT_LT(save.added, state / 2) << "staged with no room for it";
+    auto [raw, ema] = checkpoint_models(path);
+    std::vector<at::Tensor> saved;
+    for (const at::Tensor& w : save.raw) saved.push_back(w.cpu());
+    EXPECT_TRUE(equal_lists(params_of(*raw), saved)) << "room " << room << ": the file holds weights of a later step";
+  }
+}
+#endif
 
 TEST(Checkpoint, AProcessKilledWhileAFileIsWrittenLeavesEveryCheckpointLoadable) {
   const std::string dir = temp_dir("ck-kill"), weights = dir + "/runs/r/weights";

@@ -58,7 +58,7 @@ else
   export LD_LIBRARY_PATH="$PWD/.device-deps/usr/lib/x86_64-linux-gnu:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if cmake -S . -B $B -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
        -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/build.log" 2>&1 &&
-     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment bench_train >> "$OUT/build.log" 2>&1; then
+     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment bench_train bench_checkpoint >> "$OUT/build.log" 2>&1; then
     mv $B/tests/headroom_tests $B/headroom_tests
     status build "ok ($(elapsed) s)"
   else
@@ -73,7 +73,7 @@ if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=
 
 # 1. The GPU tests: CUDA against the CPU (augmentation, NMS), the budget and OOM recovery on CUDA,
 #    pinned batches, and steps that never sync the host (sync-debug mode set to error).
-gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Device.CudaSideStreamMemoryWaitsForTheComputeStream:Device.CudaSideStreamWorkIsReadyForTheComputeStream:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.InputOnASideStreamTrainsAsOnTheComputeStream:Train.StepsOnCudaNeverSyncTheHost:StepGraph.ReplayedStepsTrainAsEagerOnes:StepGraph.ANewMicroBatchIsCapturedAgain:StepGraph.ValidationGivesTheGraphBack:StepGraph.TheNextEpochIsCapturedAtItsFirstStep:StepGraph.AutoDecidesOnceAndTrainsAsEager:StepGraph.StepsThatRecomputeRunEagerly:StepGraph.ReplaysNeverSyncTheHost'
+gpu_tests='Augment.CudaEqualsCpu:Checkpoint.ACudaSnapshotIsQueuedOnTheStreamWithoutAHostSync:Checkpoint.ACudaTrainerStagesItsSnapshotWhereItFits:Device.CudaSideStreamMemoryWaitsForTheComputeStream:Device.CudaSideStreamWorkIsReadyForTheComputeStream:Governor.CudaBudgetIsEnforcedAndAnOomThereIsRecovered:Loader.PinsBatchesWhenTheRunUsesCuda:Nms.CudaKernelEqualsTheCpuKernel:Train.InputOnASideStreamTrainsAsOnTheComputeStream:Train.StepsOnCudaNeverSyncTheHost:StepGraph.ReplayedStepsTrainAsEagerOnes:StepGraph.ANewMicroBatchIsCapturedAgain:StepGraph.ValidationGivesTheGraphBack:StepGraph.TheNextEpochIsCapturedAtItsFirstStep:StepGraph.AutoDecidesOnceAndTrainsAsEager:StepGraph.StepsThatRecomputeRunEagerly:StepGraph.ReplaysNeverSyncTheHost'
 if want gpu; then
   stage "gpu tests"
   timeout $(lim 100) $B/headroom_tests --gtest_filter="$gpu_tests" > /tmp/gpu_tests.log 2>&1
@@ -197,6 +197,14 @@ if want boundary; then
     status "boundary async=$async" "rc=$rc; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_boundary.log | tr '\n' ';' | cut -c1-160)"
     [[ -s $util ]] && status "  idle spans (s)" "$(awk '$1+0 >= 50 {if (first == "") first = NR; last = NR} {u[NR] = $1+0}
       END {run = 0; for (i = first; i <= last; i++) if (u[i] < 10) run++; else if (run) {printf "%.1f ", run / 10; run = 0}}' "$util")"
+  done
+  # The compute stream's time held by one Hourglass-104 snapshot (Adam, EMA): staged on the device
+  # (a copy there, the transfer beside the steps) and unstaged (the transfer on the step's stream).
+  for staging in "" --unstaged; do
+    [[ $QUICK == 1 ]] && break  # a 3 GB model
+    stage "bench_checkpoint $staging"
+    timeout $(lim 60) $B/bench_checkpoint --async --device $dev $staging --dir /tmp/headroom-bench-checkpoint >> "$OUT/bench_checkpoint.jsonl" 2>> "$log"
+    status "  snapshot ${staging:-staged}" "rc=$? $(tail -1 "$OUT/bench_checkpoint.jsonl" | grep -o '"[a-z]*_held_[a-z_]*seconds": *[0-9.e-]*' | tr '\n' ' ')"
   done
 fi
 

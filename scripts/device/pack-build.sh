@@ -9,10 +9,10 @@ cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
 dest=.device-bin
 bash scripts/device/bundle-deps.sh  # Debian's reference BLAS and LAPACK, below
-ninja -C "$build" trainer headroom_tests bench_memory bench_augment bench_train
+ninja -C "$build" trainer headroom_tests bench_memory bench_augment bench_train bench_checkpoint
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib" "$dest/libstdcxx"
-for b in trainer tests/headroom_tests bench_memory bench_augment bench_train; do strip --strip-debug -o "$dest/bin/$(basename $b)" "$build/$b"; done
+for b in trainer tests/headroom_tests bench_memory bench_augment bench_train bench_checkpoint; do strip --strip-debug -o "$dest/bin/$(basename $b)" "$build/$b"; done
 ldd "$dest"/bin/* | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case $lib in */torch/lib/*|*/nvidia/*|/usr/local/cuda*) continue ;; esac
   case $(basename "$lib") in

@@ -341,19 +341,23 @@ void Trainer::save_checkpoint(const std::string& path, std::function<void()> the
   meta["step"] = state_.step;
   meta["total_steps"] = total_steps();
   meta["config"] = options_.config_yaml();
-  // A CPU snapshot is memory beside the next steps: it must fit under the budget with the
-  // largest step seen, or the governor would take it for the step's own and shrink the batch.
+  // A CPU snapshot, and a CUDA one staged on the device, is memory beside the next steps: it must
+  // fit under the budget with the largest step seen, or the governor would take it for the step's
+  // own and shrink the batch. A CUDA snapshot goes to the host unstaged where it does not fit or
+  // nothing says it would (no budget, or no step seen: a resume's first write).
   const int64_t bytes = archive_tensor_bytes(root), usable = options_.memory_usable();
-  const bool fits = device_.is_cuda() || usable == 0 || step_peak_ + bytes <= usable;
-  if (options_.async_checkpoints() && fits) {
-    checkpoint_writer_.write(std::move(root), path, meta.dump(), std::move(then));
-    return;
-  }
-  if (options_.async_checkpoints() && !said_sync_) {
+  const bool fits = device_.is_cuda() ? usable > 0 && step_peak_ > 0 && step_peak_ + bytes <= usable
+                                      : usable == 0 || step_peak_ + bytes <= usable;
+  if (options_.async_checkpoints() && !fits && step_peak_ > 0 && !said_sync_) {
     said_sync_ = true;
-    spdlog::info("checkpoints are written while the training waits: a snapshot of {} does not fit beside the step's peak of {} "
-                 "in the {} the budget leaves", format_bytes(double(bytes)), format_bytes(double(step_peak_)),
-                 format_bytes(double(usable)));
+    spdlog::info("{}: a snapshot of {} does not fit beside the step's peak of {} in the {} the budget leaves",
+                 device_.is_cuda() ? "checkpoints go to the host on the step's stream, which waits for the copy"
+                                   : "checkpoints are written while the training waits",
+                 format_bytes(double(bytes)), format_bytes(double(step_peak_)), format_bytes(double(usable)));
+  }
+  if (options_.async_checkpoints() && (fits || device_.is_cuda())) {
+    checkpoint_writer_.write(std::move(root), path, meta.dump(), std::move(then), /*stage=*/fits);
+    return;
   }
   checkpoint_writer_.wait();  // in order, after the write in flight
   models::save_archive_atomic(root, path, meta.dump());  // streamed: no copy of the archive in memory

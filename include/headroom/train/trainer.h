@@ -138,7 +138,9 @@ class Trainer {
   // beside it. load restores everything; the loader restarts at the saved position. With
   // async_checkpoints, save returns once the state is snapshotted and a thread writes the file
   // (CheckpointWriter), then runs `then`; on the CPU only where the snapshot fits beside the
-  // step's peak in memory_usable, else the step waits for the file as it always did.
+  // step's peak in memory_usable, else the step waits for the file as it always did. On CUDA
+  // the snapshot is staged on the device (the copy to the host off the step's stream) where
+  // that copy fits beside the largest step's peak in memory_usable.
   // wait_for_checkpoints waits for the write in flight and throws its failure.
   void save_checkpoint(const std::string& path, std::function<void()> then = {});
   void wait_for_checkpoints() { checkpoint_writer_.wait(); }
@@ -254,7 +256,7 @@ class Trainer {
   StepGraph::Ran graph_ran_ = StepGraph::Ran::eager;
   int64_t shape_peak_ = 0;  // the last eager or captured step's peak: a replay allocates nothing, its graph's pool holds as much
   std::optional<MemoryStats> step_memory_;
-  int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU snapshot must fit beside
+  int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU or staged snapshot must fit beside
   bool said_sync_ = false;
 
   std::optional<data::HostBatch> first_batch_;
