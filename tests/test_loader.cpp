@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
@@ -132,6 +135,133 @@ TEST(Loader, StartsAtAnyPositionForResume) {
   for (size_t i = 0; i < tail.size(); ++i) expect_same(tail[i], all[i + 4]);
   EXPECT_EQ(tail[0].index, 4);
   EXPECT_THROW(resumed.start(1, 99), c10::Error);
+}
+
+// The epoch boundary: with then_next, the threads fill the next epoch's first batches while the
+// consumer takes this one's last ones, and the next start keeps them: the same batches a fresh
+// start makes, none decoded twice. Any other start (not right after the epoch's end, another
+// epoch, another thread count) begins afresh with the same batches.
+TEST(Loader, TheNextEpochsFirstBatchesAreMadeBeforeItStarts) {
+  const auto split = train_split();
+  Loader fresh(split, opts(2));
+  const auto e1 = epoch(fresh, 1), e2 = epoch(fresh, 2);
+  Loader l(split, opts(2));
+  l.start(0, 0, /*then_next=*/true);
+  int64_t taken = 0;
+  while (auto b = l.next()) {
+    EXPECT_EQ(b->epoch, 0);
+    taken += b->size();
+  }
+  EXPECT_EQ(taken, 26);
+  // The prefetch window (2 batches of 4) of epoch 1, filled with no consumer asking.
+  for (int i = 0; i < 2000 && l.stats().images < 26 + 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(l.stats().images, 26 + 8) << "the threads did not go on into the next epoch";
+  l.start(1, 0, /*then_next=*/false);
+  std::vector<HostBatch> got;
+  while (auto b = l.next()) got.push_back(std::move(*b));
+  ASSERT_EQ(got.size(), e1.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    expect_same(got[i], e1[i]);
+    EXPECT_EQ(got[i].epoch, 1);
+    EXPECT_EQ(got[i].index, int64_t(i));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(l.stats().images, 52) << "slots decoded twice, or the threads went past an epoch without then_next";
+  // Epoch 2 after an epoch without then_next, and a start that is not the next epoch's first batch.
+  const auto again = epoch(l, 2);
+  ASSERT_EQ(again.size(), e2.size());
+  for (size_t i = 0; i < again.size(); ++i) expect_same(again[i], e2[i]);
+  l.start(1, 0, true);
+  ASSERT_TRUE(l.next());
+  const auto tail = epoch(l, 2, 3);  // mid-epoch: a resume's position
+  ASSERT_EQ(tail.size(), e2.size() - 3);
+  for (size_t i = 0; i < tail.size(); ++i) expect_same(tail[i], e2[i + 3]);
+  // A thread count changed between epochs (data.workers auto) starts threads anew.
+  const int64_t idle = l.stats().images;  // the threads stopped at epoch 2's end
+  l.start(1, 0, true);
+  while (l.next()) {
+  }
+  for (int i = 0; i < 2000 && l.stats().images < idle + 26 + 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t decoded = l.stats().images;
+  ASSERT_EQ(decoded, idle + 26 + 8);
+  l.set_workers(3);
+  const auto more = epoch(l, 2);
+  ASSERT_EQ(more.size(), e2.size());
+  for (size_t i = 0; i < more.size(); ++i) expect_same(more[i], e2[i]);
+  EXPECT_EQ(l.stats().images - decoded, 26) << "the threads were kept though their count changed";
+  // A run that ends stops the threads and keeps nothing decoded ahead.
+  l.start(1, 0, true);
+  while (l.next()) {
+  }
+  l.stop();
+  EXPECT_THROW(l.next(), c10::Error);
+}
+
+// A decode error reaches the consumer with its batch: the batches before it come first.
+TEST(Loader, ADecodeErrorComesWithItsBatch) {
+  const std::string yaml = test::copy_of_small_synth("loader-error-batch");
+  const auto split = train_split(yaml);
+  const LoaderOptions o = opts(2).on_error(OnError::fail);
+  const std::vector<int64_t> order = Loader::epoch_order(26, o.seed(), 0, true);
+  Loader l(split, o);
+  l.start(0);
+  ASSERT_TRUE(l.next());
+  ASSERT_TRUE(l.next());  // at batch 2: the threads work on batches 2 and 3 at most
+  const std::string victim = split->samples[size_t(order[4 * 4])].image;  // batch 4's first image
+  test::write_bytes(victim, "garbage");
+  ASSERT_TRUE(l.next());  // batch 2: the threads go on to batch 4, which fails
+  for (int i = 0; i < 2000 && l.stats().images < 5 * 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(l.stats().images, 5 * 4);
+  try {
+    EXPECT_TRUE(l.next()) << "batch 3";
+  } catch (const InputError& e) {
+    FAIL() << "batch 4's error came with batch 3: " << e.what();
+  }
+  try {
+    l.next();
+    FAIL() << "the broken image of batch 4 did not stop it";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
+  }
+}
+
+// An image that breaks while the threads already work on the next epoch: the error belongs to a
+// batch of that epoch and reaches the consumer there, not while it still takes this epoch's.
+TEST(Loader, ADecodeErrorWaitsForItsBatch) {
+  const std::string yaml = test::copy_of_small_synth("loader-next-error");
+  const auto split = train_split(yaml);
+  const LoaderOptions o = opts(2).on_error(OnError::fail);
+  const std::vector<int64_t> first = Loader::epoch_order(26, o.seed(), 0, true), second = Loader::epoch_order(26, o.seed(), 1, true);
+  // The image of epoch 1's first batch that epoch 0 reads first; it breaks once epoch 0 has taken
+  // it, while the threads (at most 2 batches ahead) are still in epoch 0.
+  int64_t victim = -1, at = 26;
+  for (size_t k = 0; k < 4; ++k) {
+    const int64_t pos = std::find(first.begin(), first.end(), second[k]) - first.begin();
+    if (pos < at) victim = second[k], at = pos;
+  }
+  const int64_t taken_before = at / 4 + 1;
+  ASSERT_LE(taken_before + 2, 7) << "this seed puts every image of epoch 1's first batch late in epoch 0";
+  Loader l(split, o);
+  l.start(0, 0, /*then_next=*/true);
+  for (int64_t i = 0; i < taken_before; ++i) ASSERT_TRUE(l.next());
+  test::write_bytes(split->samples[size_t(victim)].image, "garbage");
+  for (int64_t i = taken_before; i < 6; ++i) ASSERT_TRUE(l.next());
+  // Epoch 1's first batch tried (its 4 slots, the broken one among them) before epoch 0's last is taken.
+  for (int i = 0; i < 2000 && l.stats().images < 26 + 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(l.stats().images, 26 + 4);
+  try {
+    EXPECT_TRUE(l.next()) << "epoch 0's last batch";
+  } catch (const InputError& e) {
+    FAIL() << "epoch 1's error reached epoch 0: " << e.what();
+  }
+  EXPECT_FALSE(l.next());
+  l.start(1, 0, false);
+  try {
+    l.next();
+    FAIL() << "the broken image of epoch 1's first batch did not stop it";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(split->samples[size_t(victim)].image), std::string::npos) << e.what();
+  }
 }
 
 TEST(Loader, DropLastKeepsOnlyFullBatches) {

@@ -59,6 +59,7 @@ std::shared_ptr<const DecodedCache> open_cache(const Split& split, const LoaderO
 Loader::Loader(std::shared_ptr<const Split> split, LoaderOptions options, std::shared_ptr<const DecodedCache> cache)
     : split_(std::move(split)), options_(std::move(options)), cache_(std::move(cache)) {
   TORCH_CHECK(options_.batch() > 0 && options_.imgsz() > 0 && options_.prefetch() > 0, "bad loader options");
+  per_epoch_ = batches_per_epoch();
   if (!cache_) cache_ = open_cache(*split_, options_);
 }
 
@@ -84,6 +85,13 @@ std::pair<int64_t, int64_t> Loader::share(int64_t batch) const {
   return {start, g / W + (r < g % W ? 1 : 0)};
 }
 
+void Loader::stop() {
+  stop_workers();
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.clear();
+  started_ = false;
+}
+
 void Loader::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -94,52 +102,71 @@ void Loader::stop_workers() {
   workers_.clear();
 }
 
-void Loader::start(int64_t epoch, int64_t batch) {
+void Loader::start(int64_t epoch, int64_t batch, bool then_next) {
+  TORCH_CHECK(batch >= 0 && batch <= per_epoch_, "loader position ", batch, " is outside the epoch (", per_epoch_,
+              " batches)");
+  // The orders the threads will need, shuffled before the lock is taken.
+  const int64_t n = int64_t(split_->samples.size());
+  const auto order = [&](int64_t e) { return epoch_order(n, options_.seed(), e, options_.shuffle()); };
+  std::vector<int64_t> next_order = then_next ? order(epoch + 1) : std::vector<int64_t>();
+  {
+    // Right after the epoch before, whose threads went on into this one: keep them and their work.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (started_ && !workers_.empty() && int(workers_.size()) == options_.workers() && epoch == epoch_ + 1 && batch == 0 &&
+        cursor_ == end_batch_ && horizon_ > end_batch_ && !error_ && !oom_ && failed_.empty() && retry_.empty()) {
+      orders_.erase(epoch_);  // every slot of that epoch was filled: its batches were all taken
+      if (then_next) orders_.emplace(epoch + 1, std::move(next_order));
+      epoch_ = epoch;
+      end_batch_ = horizon_;
+      horizon_ = end_batch_ + (then_next ? per_epoch_ : 0);
+      work_cv_.notify_all();
+      return;
+    }
+  }
+  std::vector<int64_t> this_order = order(epoch);
   stop_workers();
-  const int64_t n = static_cast<int64_t>(split_->samples.size());
-  TORCH_CHECK(batch >= 0 && batch <= batches_per_epoch(), "loader position ", batch, " is outside the epoch (",
-              batches_per_epoch(), " batches)");
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.clear();
-  error_ = nullptr;
-  error_is_oom_ = false;
+  error_ = oom_ = nullptr;
   failed_.clear();
   retry_.clear();
-  order_ = epoch_order(n, options_.seed(), epoch, options_.shuffle());
+  orders_.clear();
+  orders_.emplace(epoch, std::move(this_order));
+  if (then_next) orders_.emplace(epoch + 1, std::move(next_order));
   epoch_ = epoch;
-  cursor_ = batch;
-  end_batch_ = batches_per_epoch();
-  next_task_ = batch * options_.batch();
+  cursor_ = epoch * per_epoch_ + batch;
+  end_batch_ = (epoch + 1) * per_epoch_;
+  horizon_ = end_batch_ + (then_next ? per_epoch_ : 0);
+  next_task_ = cursor_ * options_.batch();
   stop_ = false;
   started_ = true;
   for (int i = 0; i < options_.workers(); ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
-Loader::Pending& Loader::pending_for(int64_t batch) {
-  auto it = pending_.find(batch);
+Loader::Pending& Loader::pending_for(int64_t run_batch) {
+  auto it = pending_.find(run_batch);
   if (it != pending_.end()) return it->second;
   Pending p;  // allocated before it is inserted: an out-of-memory error leaves no half-made entry
-  const int64_t bs = batch_size(batch), S = options_.imgsz();
+  const int64_t batch = run_batch % per_epoch_, bs = batch_size(run_batch), S = options_.imgsz();
   p.batch.images = at::empty({bs, 3, S, S}, at::TensorOptions().dtype(at::kByte).pinned_memory(options_.pin_memory()));
   p.batch.meta.resize(static_cast<size_t>(bs));
-  p.batch.epoch = epoch_;
+  p.batch.epoch = run_batch / per_epoch_;
   p.batch.index = batch;
   p.batch.global_size = global_size(batch);
   p.batch.largest_share = (p.batch.global_size + options_.world() - 1) / options_.world();
   p.boxes.resize(static_cast<size_t>(bs));
   p.remaining = bs;
-  return pending_.emplace(batch, std::move(p)).first->second;
+  return pending_.emplace(run_batch, std::move(p)).first->second;
 }
 
 void Loader::requeue_failed() {
   retry_.insert(retry_.end(), failed_.begin(), failed_.end());
   failed_.clear();
-  error_ = nullptr;
-  error_is_oom_ = false;
+  oom_ = nullptr;
   work_cv_.notify_all();
 }
 
-void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
+void Loader::fill_slot(Pending& p, int64_t slot, int64_t pos) {
   const auto t0 = std::chrono::steady_clock::now();
   struct Timed {  // adds this slot's time to the stats however it ends
     Loader& l;
@@ -151,13 +178,18 @@ void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
       ++l.stats_.images;
     }
   } timed{*this, t0};
-  const int64_t n = static_cast<int64_t>(order_.size());
+  const std::vector<int64_t>* order;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    order = &orders_.at(p.batch.epoch);
+  }
+  const int64_t n = static_cast<int64_t>(order->size());
   const size_t slot_bytes = size_t(canvas_bytes(options_.imgsz()));
   uint8_t* dst = p.batch.images.data_ptr<uint8_t>() + size_t(slot) * slot_bytes;
   // An image that fails to decode is replaced by the next one in the epoch's order: the
   // replacement depends only on the data, so batches stay deterministic.
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t idx = order_[size_t((pos + k) % n)];
+    const int64_t idx = (*order)[size_t((pos + k) % n)];
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (bad_samples_.count(idx)) continue;
@@ -183,7 +215,7 @@ void Loader::fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (bad_samples_.insert(idx).second) {
         ++stats_.skipped_images;
-        spdlog::warn("{}; skipped, batch {} of epoch {} takes the next image instead", e.what(), batch, epoch_);
+        spdlog::warn("{}; skipped, batch {} of epoch {} takes the next image instead", e.what(), p.batch.index, p.batch.epoch);
       }
     }
   }
@@ -195,9 +227,9 @@ void Loader::worker_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     // Tasks are numbered batch * B + slot; slots beyond this rank's share of a batch are none.
-    while (next_task_ < end_batch_ * B && next_task_ % B >= batch_size(next_task_ / B)) next_task_ = (next_task_ / B + 1) * B;
+    while (next_task_ < horizon_ * B && next_task_ % B >= batch_size(next_task_ / B)) next_task_ = (next_task_ / B + 1) * B;
     work_cv_.wait(lock, [&] {
-      return stop_ || !retry_.empty() || (next_task_ < end_batch_ * B && next_task_ / B < cursor_ + options_.prefetch());
+      return stop_ || !retry_.empty() || (next_task_ < horizon_ * B && next_task_ / B < cursor_ + options_.prefetch());
     });
     if (stop_) return;
     int64_t task;
@@ -208,7 +240,7 @@ void Loader::worker_loop() {
       task = next_task_++;
       if (task % B >= batch_size(task / B)) continue;
     }
-    const int64_t batch = task / B, slot = task % B, pos = share(batch).first + slot;
+    const int64_t batch = task / B, slot = task % B, pos = share(batch % per_epoch_).first + slot;
     // Everything that allocates sits inside the try: an error here reaches the consumer, and a
     // thread that threw would end the process.
     std::exception_ptr error;
@@ -216,7 +248,7 @@ void Loader::worker_loop() {
     try {
       p = &pending_for(batch);
       lock.unlock();
-      fill_slot(*p, batch, slot, pos);
+      fill_slot(*p, slot, pos);
       lock.lock();
       if (--p->remaining == 0) {
         try {
@@ -240,10 +272,12 @@ void Loader::worker_loop() {
       oom = is_out_of_memory(e);
     } catch (...) {
     }
-    if (oom) failed_.push_back(task);
-    if (!error_ || (error_is_oom_ && !oom)) {  // a real error outranks an out-of-memory one
+    if (oom) {
+      failed_.push_back(task);
+      if (!oom_) oom_ = error;
+    } else if (!error_ || batch < error_batch_) {
       error_ = error;
-      error_is_oom_ = oom;
+      error_batch_ = batch;
     }
     ready_cv_.notify_all();
   }
@@ -260,21 +294,25 @@ std::optional<HostBatch> Loader::next() {
       std::lock_guard<std::mutex> lock(mutex_);
       p = &pending_for(cursor_);
     }
-    const int64_t first = share(cursor_).first;
-    for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, cursor_, slot, first + slot);
+    const int64_t first = share(cursor_ % per_epoch_).first;
+    for (int64_t slot = 0; slot < p->remaining; ++slot) fill_slot(*p, slot, first + slot);
     collate(p->batch, p->boxes, options_.pin_memory());
     std::lock_guard<std::mutex> lock(mutex_);
     batch = std::move(p->batch);
     pending_.erase(cursor_++);
   } else {
     std::unique_lock<std::mutex> lock(mutex_);
+    // A real error when its batch is due (it outranks an out-of-memory one), an out-of-memory
+    // error at once: its slots wait for the caller to free memory and ask again.
+    const auto due = [&] { return error_ && error_batch_ <= cursor_; };
     ready_cv_.wait(lock, [&] {
       const auto it = pending_.find(cursor_);
-      return error_ || (it != pending_.end() && it->second.ready);
+      return due() || oom_ || (it != pending_.end() && it->second.ready);
     });
-    if (error_) {
-      const std::exception_ptr error = error_;
-      if (error_is_oom_) requeue_failed();  // the caller frees memory and asks again
+    if (due()) std::rethrow_exception(error_);
+    if (oom_) {
+      const std::exception_ptr error = oom_;
+      requeue_failed();
       std::rethrow_exception(error);
     }
     batch = std::move(pending_[cursor_].batch);

@@ -119,6 +119,7 @@ void Trainer::train() {
     if (state_.batch >= nb) end_epoch();
   }
   if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
+  loader_->stop();  // batches decoded ahead for an epoch the run does not train
   each_hook([&](Hook& h) { h.after_train(*this); });
   checkpoint_writer_.wait();  // the run is not over before its last file is
   if (monitor_) monitor_->phase_ended();
@@ -128,7 +129,9 @@ void Trainer::begin_epoch() {
   if (state_.stop || state_.step >= total_steps()) return;
   loss_->set_progress(state_.epoch, length_.epochs);
   each_hook([&](Hook& h) { h.before_epoch(*this); });
-  loader_->start(state_.epoch, state_.batch);
+  // The threads go on into the next epoch's first batches where the run has one.
+  const bool next = state_.epoch + 1 < length_.epochs && (state_.epoch + 1) * length_.steps_per_epoch < total_steps();
+  loader_->start(state_.epoch, state_.batch, next);
 }
 
 void Trainer::end_epoch() {

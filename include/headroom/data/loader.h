@@ -1,6 +1,8 @@
 // The prefetching loader: decode threads fill a bounded window of batches ahead of the
 // consumer. Batches are identical for a seed whatever the thread count, reshuffled every
-// epoch, and the loader can start at any (epoch, batch) position for resume.
+// epoch, and the loader can start at any (epoch, batch) position for resume. Asked to, the
+// threads go on into the next epoch's first batches while the consumer ends this one, so the
+// next epoch's first batch is not decoded while the device waits at the epoch boundary.
 #pragma once
 
 #include <torch/arg.h>
@@ -67,8 +69,9 @@ struct LoaderStats {
 };
 
 // An out-of-memory error while a decode thread fills a batch (a CPU budget counts the loader's
-// buffers) reaches the consumer from next(); the failed image slots are queued again, so calling
-// next() once memory is freed continues with the same batch. Other errors end the epoch's work.
+// buffers) reaches the consumer from next() at once; the failed image slots are queued again, so
+// calling next() once memory is freed continues with the same batch. Another error (an image that
+// cannot be read with data.on_error fail) reaches it when it asks for that error's batch.
 class Loader {
  public:
   // `cache`: a decoded cache of this split already open (validation reuses one across passes);
@@ -85,10 +88,15 @@ class Loader {
   // in the epoch's order and how many images it has.
   int64_t global_size(int64_t batch) const;
   std::pair<int64_t, int64_t> share(int64_t batch) const;
-  // Positions the loader at batch `batch` of `epoch` and starts decoding from there.
-  void start(int64_t epoch, int64_t batch = 0);
+  // Positions the loader at batch `batch` of `epoch` and starts decoding from there. `then_next`:
+  // once this epoch's batches are taken, the threads go on with the next epoch's, as far as the
+  // prefetch window reaches, and start(epoch + 1) right after this epoch's end keeps what they
+  // made (the same batches a fresh start makes) and the threads; any other start begins afresh.
+  void start(int64_t epoch, int64_t batch = 0, bool then_next = false);
   // The next batch of the current epoch, or nullopt at its end.
   std::optional<HostBatch> next();
+  // Stops the threads and drops what they made (a run that ends keeps no batches decoded ahead).
+  void stop();
 
   const LoaderOptions& options() const { return options_; }
   LoaderStats stats() const;
@@ -108,28 +116,33 @@ class Loader {
 
   void stop_workers();
   void worker_loop();
-  // Hands the failed slots of an out-of-memory error back to the workers; requires mutex_.
+  // Hands the failed slots of out-of-memory errors back to the workers; requires mutex_.
   void requeue_failed();
-  // Fills slot `slot` of `batch` (in `p`) from order position `pos`, skipping undecodable images.
-  void fill_slot(Pending& p, int64_t batch, int64_t slot, int64_t pos);
-  Pending& pending_for(int64_t batch);  // requires mutex_
-  int64_t batch_size(int64_t batch) const { return share(batch).second; }
+  // Fills slot `slot` of `p`'s batch from its epoch's order position `pos`, skipping undecodable images.
+  void fill_slot(Pending& p, int64_t slot, int64_t pos);
+  // Batches are numbered across epochs (epoch x batches_per_epoch + batch): the threads' work
+  // runs on from one epoch into the next.
+  Pending& pending_for(int64_t run_batch);  // requires mutex_
+  int64_t batch_size(int64_t run_batch) const { return share(run_batch % per_epoch_).second; }
 
   std::shared_ptr<const Split> split_;
   LoaderOptions options_;
   std::shared_ptr<const DecodedCache> cache_;
 
-  std::vector<int64_t> order_;
+  int64_t per_epoch_ = 0;     // batches_per_epoch()
+  std::map<int64_t, std::vector<int64_t>> orders_;  // by epoch: the current one and the next, made by start (nodes stay put)
   int64_t epoch_ = 0;
-  int64_t cursor_ = 0;        // next batch the consumer takes
-  int64_t end_batch_ = 0;     // batches in this epoch
+  int64_t cursor_ = 0;        // next batch the consumer takes (numbered across epochs)
+  int64_t end_batch_ = 0;     // the end of the consumer's epoch
+  int64_t horizon_ = 0;       // the end of the threads' work: this epoch's, or the next's
   int64_t next_task_ = 0;     // next image slot a worker claims, as batch * B + slot
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_, ready_cv_;
   std::map<int64_t, Pending> pending_;
-  std::exception_ptr error_;
-  bool error_is_oom_ = false;
+  std::exception_ptr error_;       // the earliest batch's decode error, thrown when that batch is due
+  int64_t error_batch_ = 0;
+  std::exception_ptr oom_;         // an out-of-memory error; its slots are in failed_
   std::vector<int64_t> failed_;   // slots (batch * B + slot) whose filling ran out of memory
   std::deque<int64_t> retry_;     // ... queued again, taken before new work
   bool stop_ = false;
