@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script for the accelerator machine (shared/DEVICE.md). With .device-bin
+# The one script for the accelerator machine (shared/DEVICE.md). With .device-bin.tar.gz
 # (scripts/device/pack-build.sh: binaries built here against the same torch wheel) it runs them;
 # without, it first builds against the machine's torch with the carried .device-deps
 # (scripts/device/bundle-deps.sh), which costs minutes. Then, each under its own time limit so
@@ -38,6 +38,7 @@ site=$(dirname "$torch_dir")
 libs="$torch_dir/lib:$(ls -d "$site"/nvidia/*/lib "$site"/nvidia/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:/usr/local/cuda/lib"
 { command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } > "$OUT/gpu.txt" 2>&1
 status gpu "$(head -1 "$OUT/gpu.txt")"
+[[ -f .device-bin.tar.gz ]] && { rm -rf .device-bin; tar xzf .device-bin.tar.gz; }  # the carried pack
 # The binaries carry this checkout's path (HEADROOM_SOURCE_DIR: models/, the test fixtures).
 src_dir=$(strings -n 8 .device-bin/bin/trainer 2>/dev/null | grep -m1 -o '^/[^ ]*/main$' || true)
 [[ -n $src_dir && ! -e $src_dir ]] && mkdir -p "$(dirname "$src_dir")" && ln -s "$PWD" "$src_dir"
@@ -108,7 +109,7 @@ if want speed; then
         train.amp=$amp train.warmup_epochs=0 $variant > /tmp/bench_train.jsonl 2>> "$log"
       rc=$?
       sed "s/^{/{\"variant\": \"$model ${variant:-default}\", /" /tmp/bench_train.jsonl >> "$OUT/bench_train.jsonl"
-      status "speed $model ${variant:-default}" "rc=$rc; $(grep -o '"img_per_s": *[0-9.]*\|"device_busy_pct": *[0-9.]*\|"graph_captures": *[0-9]*\|"graphs_kept": *[a-z]*' /tmp/bench_train.jsonl | tr '\n' ' ')"
+      status "speed $model ${variant:-default}" "rc=$rc; $(grep -o '"img_per_s": *[0-9.]*\|"device_busy_pct": *[0-9.]*\|"graph_captures": *[0-9]*\|"graphs_kept": *[a-z]*\|"epoch_boundary_device_s": *[0-9.e-]*' /tmp/bench_train.jsonl | tr '\n' ' ')"
     done
   done
 fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs this machine's LibTorch 2.x build (build-cuda: the PyPI torch wheel, the same version as
-# the accelerator machine's) for `run --carry .device-bin`: stripped binaries and the libraries
-# they need beyond glibc, LibTorch and CUDA, which the machine has. Building there instead takes
-# minutes of its 15 (about 4000 CPU-seconds of compiling). scripts/device/check.sh runs them.
+# the accelerator machine's) for `run --carry .device-bin.tar.gz`: stripped binaries and the
+# libraries they need beyond glibc, LibTorch and CUDA, which the machine has, in .device-bin and
+# gzipped (68 MB of files, 26 MB packed: a carry holds 64 MiB in all). Building there instead
+# takes minutes of its 15 (about 4000 CPU-seconds of compiling). scripts/device/check.sh unpacks
+# and runs them.
 #   bash scripts/device/pack-build.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,4 +29,5 @@ ldd "$dest"/bin/* | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   esac
 done
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- src include bench tests || echo '+changes')" > "$dest/commit"
-echo "pack-build: $dest from $build ($(du -sh "$dest" | cut -f1), $(ls "$dest/lib" | wc -l) libraries)"
+tar czf "$dest.tar.gz" "$dest"
+echo "pack-build: $dest.tar.gz from $build ($(du -sh "$dest" | cut -f1), packed $(du -sh "$dest.tar.gz" | cut -f1), $(ls "$dest/lib" | wc -l) libraries)"
