@@ -37,6 +37,12 @@ std::vector<HostBatch> epoch(Loader& l, int64_t e, int64_t from = 0) {
   return out;
 }
 
+// Waits (10 s at most) until the loader's threads have filled `slots` image slots in all.
+int64_t wait_for_slots(const Loader& l, int64_t slots) {
+  for (int i = 0; i < 2000 && l.stats().images < slots; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return l.stats().images;
+}
+
 void expect_same(const HostBatch& a, const HostBatch& b) {
   EXPECT_TRUE(at::equal(a.images, b.images));
   EXPECT_TRUE(at::equal(a.boxes, b.boxes));
@@ -154,8 +160,7 @@ TEST(Loader, TheNextEpochsFirstBatchesAreMadeBeforeItStarts) {
   }
   EXPECT_EQ(taken, 26);
   // The prefetch window (2 batches of 4) of epoch 1, filled with no consumer asking.
-  for (int i = 0; i < 2000 && l.stats().images < 26 + 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(l.stats().images, 26 + 8) << "the threads did not go on into the next epoch";
+  ASSERT_EQ(wait_for_slots(l, 26 + 8), 26 + 8) << "the threads did not go on into the next epoch";
   l.start(1, 0, /*then_next=*/false);
   std::vector<HostBatch> got;
   while (auto b = l.next()) got.push_back(std::move(*b));
@@ -181,8 +186,7 @@ TEST(Loader, TheNextEpochsFirstBatchesAreMadeBeforeItStarts) {
   l.start(1, 0, true);
   while (l.next()) {
   }
-  for (int i = 0; i < 2000 && l.stats().images < idle + 26 + 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const int64_t decoded = l.stats().images;
+  const int64_t decoded = wait_for_slots(l, idle + 26 + 8);
   ASSERT_EQ(decoded, idle + 26 + 8);
   l.set_workers(3);
   const auto more = epoch(l, 2);
@@ -210,8 +214,7 @@ TEST(Loader, ADecodeErrorComesWithItsBatch) {
   const std::string victim = split->samples[size_t(order[4 * 4])].image;  // batch 4's first image
   test::write_bytes(victim, "garbage");
   ASSERT_TRUE(l.next());  // batch 2: the threads go on to batch 4, which fails
-  for (int i = 0; i < 2000 && l.stats().images < 5 * 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(l.stats().images, 5 * 4);
+  ASSERT_EQ(wait_for_slots(l, 5 * 4), 5 * 4);
   try {
     EXPECT_TRUE(l.next()) << "batch 3";
   } catch (const InputError& e) {
@@ -247,8 +250,7 @@ TEST(Loader, ADecodeErrorWaitsForItsBatch) {
   test::write_bytes(split->samples[size_t(victim)].image, "garbage");
   for (int64_t i = taken_before; i < 6; ++i) ASSERT_TRUE(l.next());
   // Epoch 1's first batch tried (its 4 slots, the broken one among them) before epoch 0's last is taken.
-  for (int i = 0; i < 2000 && l.stats().images < 26 + 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(l.stats().images, 26 + 4);
+  ASSERT_EQ(wait_for_slots(l, 26 + 4), 26 + 4);
   try {
     EXPECT_TRUE(l.next()) << "epoch 0's last batch";
   } catch (const InputError& e) {

@@ -111,27 +111,27 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
     }
   }
   std::vector<c10::Stream> streams;  // per device: where its copies to the host are queued
+  const auto stream_of = [&](const at::Tensor& t) -> const c10::Stream& {
+    return streams[size_t(std::find(devices.begin(), devices.end(), t.device()) - devices.begin())];
+  };
+  const auto cuda = [] { return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA); };  // only with CUDA tensors: a CPU build has none
   for (const c10::Device& d : devices) {
-    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);  // only with CUDA tensors: a CPU build has none
     if (staged.empty()) {
-      streams.push_back(cuda.getStream(d));
+      streams.push_back(cuda().getStream(d));
       continue;
     }
     // From the high-priority pool, which the side stream and the graphs (low priority) do not
     // draw from: the next step's input is not queued behind the transfer.
     auto held = std::find_if(transfer_.begin(), transfer_.end(), [&](const c10::Stream& s) { return s.device() == d; });
-    if (held == transfer_.end()) held = transfer_.insert(transfer_.end(), cuda.getStreamFromGlobalPool(d, /*isHighPriority=*/true));
+    if (held == transfer_.end()) held = transfer_.insert(transfer_.end(), cuda().getStreamFromGlobalPool(d, /*isHighPriority=*/true));
     c10::Event ready(c10::DeviceType::CUDA);
-    ready.record(cuda.getStream(d));
+    ready.record(cuda().getStream(d));
     ready.block(*held);
     streams.push_back(*held);
   }
   // The staged copies are read on the transfer streams: their blocks are not handed out again
   // before those are done, even if they are dropped early (an error below).
-  for (const auto& [key, t] : staged) {
-    const c10::Stream& s = streams[size_t(std::find(devices.begin(), devices.end(), t.device()) - devices.begin())];
-    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).recordDataPtrOnStream(t.storage().data_ptr(), s);
-  }
+  for (const auto& [key, t] : staged) cuda().recordDataPtrOnStream(t.storage().data_ptr(), stream_of(t));
   // The snapshot. CUDA: queued behind the step that produced the state and ahead of the next one
   // that changes it in place (or, staged, from the staged copies beside it); the thread waits on
   // an event, the host never does. CPU: a copy now (the training thread is the only one changing
@@ -152,7 +152,7 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
           at::Tensor& buffer = pinned_[n++];
           if (!buffer.defined() || buffer.sizes() != source.sizes() || buffer.scalar_type() != source.scalar_type())
             buffer = at::empty(source.sizes(), source.options().device(c10::kCPU).pinned_memory(true));
-          const c10::StreamGuard on(streams[size_t(std::find(devices.begin(), devices.end(), t.device()) - devices.begin())]);
+          const c10::StreamGuard on(stream_of(t));
           buffer.copy_(source, /*non_blocking=*/true);
           storage = buffer;
         } else {
@@ -169,7 +169,7 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
     for (const c10::Stream& s : streams) {
       c10::Event queued(c10::DeviceType::CUDA);
       queued.record(s);
-      queued.block(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(s.device()));
+      queued.block(cuda().getStream(s.device()));
     }
     throw;
   }
