@@ -165,7 +165,7 @@ TEST(YoloLoss, EndToEndLossMatchesTheUltralyticsReference) {
   EXPECT_EQ(loss->normaliser_of("head.one2one_cv2.0.0.cb.conv.weight"), 0);
   EXPECT_EQ(loss->normaliser_of("head.cv2.0.0.cb.conv.weight"), 1);
   for (const auto& [epoch, total] : std::vector<std::pair<int64_t, double>>{{0, 98.127578735}, {3, 123.207038879}}) {
-    loss->set_progress(epoch, 10);
+    loss->set_progress(epoch, 10, c10::kCPU);
     const BatchLoss l = batch_loss(*loss, out, reference_targets(), 64, 64);
     EXPECT_NEAR(l.total.item<double>(), total, 1e-6 * total) << epoch;
     EXPECT_NEAR(item(l, "box"), 3.648587227, 1e-6) << epoch;

@@ -295,6 +295,19 @@ TEST(StepGraph, TheNextEpochIsCapturedAtItsFirstStep) {
   EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
 }
 
+// YOLO26's branch weight moves each epoch (0.8, then 0.1 in a 2-epoch run) and is read by the
+// graph from the device: with steps of 2 images (13 a epoch, none smaller) one capture serves
+// both epochs (steps 3 to 26), and the second epoch trains with its own weight, as eagerly.
+TEST(StepGraph, OneGraphServesYolo26sEpochsWithEachEpochsBranchWeight) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const std::vector<std::string> two_epochs = {"train.batch=2", "train.nominal_batch=2", "train.steps=26"};
+  const GraphRun graphed = train_with_graphs("on", "yolo26.yaml", "off", 0, false, two_epochs),
+                 eager = train_with_graphs("off", "yolo26.yaml", "off", 0, false, two_epochs);
+  EXPECT_EQ(graphed.captures, 1);
+  EXPECT_EQ(graphed.replays, 24);
+  EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
+}
+
 // auto times three replays against the eager step before the capture (steps 4-6) and decides
 // once: kept, the next epoch is captured at its first step (8) and replayed to 13; dropped, the
 // run trains eagerly from step 7 on. Either way it trains as eagerly.

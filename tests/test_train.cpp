@@ -427,7 +427,7 @@ TEST(Train, TheLossLearnsEachEpochIncludingAfterAResume) {
   class ProgressLoss : public PerImageSumLoss {
    public:
     explicit ProgressLoss(std::vector<std::pair<int64_t, int64_t>>* seen) : seen_(seen) {}
-    void set_progress(int64_t epoch, int64_t epochs) override { seen_->emplace_back(epoch, epochs); }
+    void set_progress(int64_t epoch, int64_t epochs, c10::Device) override { seen_->emplace_back(epoch, epochs); }
 
    private:
     std::vector<std::pair<int64_t, int64_t>>* seen_;

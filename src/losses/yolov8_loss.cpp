@@ -3,7 +3,6 @@
 // loss on both branches (E2E), all over every anchor with masks (no boolean indexing: no device
 // sync, fixed shapes).
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 
 #include "headroom/models/anchors.h"
 #include "headroom/losses/assigner.h"
@@ -102,16 +101,20 @@ class EndToEndLoss : public DetectionLoss {
   std::vector<std::string> term_names() const override { return one2one_.term_names(); }
   int64_t normalisers() const override { return 2; }
   int64_t normaliser_of(const std::string& parameter) const override { return parameter.find("one2one_") != std::string::npos ? 0 : 1; }
-  void set_progress(int64_t epoch, int64_t epochs) override {
+  void set_progress(int64_t epoch, int64_t epochs, c10::Device device) override {
     many_weight_ = std::max(1.0 - double(epoch) / double(std::max<int64_t>(epochs - 1, 1)), 0.0) * (0.8 - 0.1) + 0.1;
+    if (!weights_.defined() || weights_.device() != device) weights_ = at::empty({2}, at::TensorOptions(at::kFloat).device(device));
+    weights_[0].fill_(1.0 - many_weight_);  // kernels with the value as an argument: no copy, no sync
+    weights_[1].fill_(many_weight_);
   }
-  double one2many_weight() const { return many_weight_; }
-  std::string baked() const override { return fmt::format("one2many {:.17g}", many_weight_); }
 
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const LossTerms one = one2one_(outputs, t, step), many = one2many_(outputs, t, step);
     LossTerms out;
-    out.total = at::stack({one.total * (1.0 - many_weight_), many.total * many_weight_});
+    const at::Tensor total = at::stack({one.total, many.total});  // [2]
+    // Before any set_progress (a loss called on its own) or on another device, the weights are made here.
+    const bool filled = weights_.defined() && weights_.device() == total.device();
+    out.total = total * (filled ? weights_ : at::tensor({1.0 - many_weight_, many_weight_}, total.options()));
     out.items = one.items;
     out.deferred = at::stack({one.deferred, many.deferred});
     return out;
@@ -120,6 +123,7 @@ class EndToEndLoss : public DetectionLoss {
  private:
   Yolov8Loss one2one_, one2many_;
   double many_weight_ = 0.8;
+  at::Tensor weights_;  // [2] float: 1 - many_weight_, many_weight_, on the training device
 };
 
 }  // namespace

@@ -130,8 +130,8 @@ void Trainer::run_graphed() {
   recorded_parts_.clear();
   optimizer_->load_rates();  // outside the graph: it reads them
   // What the graph bakes in, and the tensors that change between steps.
-  std::string key = std::string("amp ") + to_string(amp_) + ", images " + std::to_string(in.images) + " of " +
-                    std::to_string(in.norm.images) + ", loss " + loss_->baked();
+  std::string key =
+      std::string("amp ") + to_string(amp_) + ", images " + std::to_string(in.images) + " of " + std::to_string(in.norm.images);
   std::vector<at::Tensor> inputs;
   for (const StepInput::Batch& b : in.batches) {
     key += ", batch " + c10::str(b.images.sizes(), " ", b.images.scalar_type(), " boxes ", b.targets.boxes.size(1));

@@ -127,7 +127,7 @@ void Trainer::train() {
 
 void Trainer::begin_epoch() {
   if (state_.stop || state_.step >= total_steps()) return;
-  loss_->set_progress(state_.epoch, length_.epochs);
+  loss_->set_progress(state_.epoch, length_.epochs, device_);
   each_hook([&](Hook& h) { h.before_epoch(*this); });
   // The threads go on into the next epoch's first batches where the run has one.
   const bool next = state_.epoch + 1 < length_.epochs && (state_.epoch + 1) * length_.steps_per_epoch < total_steps();

@@ -96,12 +96,11 @@ class DetectionLoss {
   // parameter's name in the model).
   virtual int64_t normalisers() const { return 1; }
   virtual int64_t normaliser_of(const std::string& /*parameter*/) const { return 0; }
-  // Where the run is (epochs done, of `epochs`): losses whose weights follow the schedule read it.
-  virtual void set_progress(int64_t /*epoch*/, int64_t /*epochs*/) {}
-  // The numbers the loss passes to its kernels from the host that change during a run (YOLO26's
-  // branch weight, per epoch), as text: a CUDA graph of the step (train/step_graph.h) bakes them
-  // in, so they are part of its key.
-  virtual std::string baked() const { return ""; }
+  // Where the run is (epochs done, of `epochs`), training on `device`: losses whose weights follow
+  // the schedule (YOLO26's branch weight) keep them in tensors on `device`, filled here on the
+  // current stream, so that a CUDA graph of the step (train/step_graph.h) reads each epoch's
+  // weights rather than baking in the first.
+  virtual void set_progress(int64_t /*epoch*/, int64_t /*epochs*/, c10::Device /*device*/) {}
 };
 
 std::unique_ptr<DetectionLoss> make_loss(const models::DetectorInfo& info, const LossOptions& options);

@@ -8,8 +8,8 @@
 // copied into the tensors the captured step read, the learning rates are device tensors
 // (Optimizer::set_rates_on_device), the loss scaler's scale and the counters stay on the device.
 // What a graph bakes in makes its key: the shapes of every batch and part, the precision, the
-// recompute plan, the step's image count, the loss's own numbers (YOLO26's branch weight, which
-// moves each epoch: DetectionLoss::baked), each group's momentum and weight decay. A step with a
+// recompute plan, the step's image count, each group's momentum and weight decay (YOLO26's branch
+// weight, which moves each epoch, is a device tensor: DetectionLoss::set_progress). A step with a
 // new key runs eagerly; a key seen in two eager steps in a row is captured at the third (the
 // first step of a shape also tunes cuDNN and fills caches, which a capture must not do; a key
 // captured before is captured again at once); a graph of another key is dropped, with its memory,
