@@ -7,7 +7,8 @@
 # default (bench_train), the peers beside Headroom (peers.py; carry .peers from fetch-peers.sh),
 # the epoch boundaries' idle time, the 8 GiB Hourglass-104 proof, the
 # estimator on Hourglass-104 at 512, the TF OD API user's pipeline, a --nproc larger than the GPU
-# count, bench_augment and the rest of the suite in shards. Logs and JSON under $OUT, a short
+# count, bench_augment and the rest of the suite in shards (asked for by name: the demo in each
+# precision, named tests, YOLO26n against YOLOv8n at 300 epochs). Logs and JSON under $OUT, a short
 # table last. All stages take more than one call's 10 minutes: a lease of 15 fits two calls, e.g.
 # STAGES="gpu speed peers" (about 7 minutes on an H200, estimated) then STAGES="boundary hg104 estimate".
 # It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
@@ -262,6 +263,32 @@ if want demo; then
     keep_lines /tmp/demo_$i.log
     status "demo $sets" "rc=$rc; $(grep -o 'box [0-9.]* cls [0-9.]* dfl [0-9.]*, val AP50-95 [0-9.]* AP50 [0-9.]*; [0-9]* skipped steps' /tmp/demo_$i.log | tail -1)"
   done
+fi
+
+# 6b. Issue 28's last check, asked for by name (STAGES="ap26"; about 4 minutes per model on an
+#     H200, estimated): YOLO26n and YOLOv8n from scratch on `make demo`'s set with the demo's
+#     recipe for Ultralytics' default length (AP26_EPOCHS, 300; close_mosaic 10): does YOLO26n
+#     reach YOLOv8n's AP in the same epochs? YOLO26n also validated through its one-to-many branch
+#     with NMS (eval.end2end=false), as Ultralytics' validator does.
+if want ap26; then
+  ap_epochs=${AP26_EPOCHS:-$([[ $QUICK == 1 ]] && echo 2 || echo 300)}
+  $B/trainer data synth --out /tmp/headroom-ap26-data --images 800 --size 160 --seed 0 > /dev/null 2>&1
+  for model in yolo26n yolov8n; do
+    stage "ap26 $model"
+    ap_log=/tmp/train_ap26_$model.log
+    timeout $(lim 300) $B/trainer train --config configs/demo.yaml data.dataset=/tmp/headroom-ap26-data/data.yaml device=$dev \
+      model.file=models/$model.yaml train.epochs=$ap_epochs train.val_every=$(( ap_epochs > 50 ? 50 : ap_epochs )) \
+      augment.close_mosaic=$(( ap_epochs > 30 ? 10 : 1 )) train.plots=false project=/tmp/headroom-runs name=ap26_$model exist_ok=true > "$ap_log" 2>&1
+    rc=$?
+    keep_lines "$ap_log"
+    status "ap26 $model" "rc=$rc; $(grep -o 'val AP50-95 [0-9.]* AP50 [0-9.]*' "$ap_log" | tail -1); $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' "$ap_log" | tail -1)"
+  done
+  stage "ap26 yolo26n one-to-many"
+  timeout $(lim 60) $B/trainer val --config configs/demo.yaml data.dataset=/tmp/headroom-ap26-data/data.yaml device=$dev \
+    model.file=models/yolo26n.yaml --weights /tmp/headroom-runs/ap26_yolo26n/weights/last.pt eval.end2end=false > /tmp/val_ap26.log 2>&1
+  rc=$?
+  grep -E 'Average Precision  \(AP\) @\[ IoU=0.50(:0.95)? +\| area= +all' /tmp/val_ap26.log >> "$log"
+  status "  yolo26n one-to-many" "rc=$rc; AP50-95 AP50 $(grep -E 'Average Precision  \(AP\) @\[ IoU=0.50(:0.95)? +\| area= +all' /tmp/val_ap26.log | awk '{print $NF}' | tr '\n' ' ')"
 fi
 
 # 7. Augmentation on the GPU against per-image OpenCV on this machine's cores.
