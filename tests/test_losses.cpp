@@ -164,6 +164,8 @@ TEST(YoloLoss, EndToEndLossMatchesTheUltralyticsReference) {
   EXPECT_EQ(loss->normalisers(), 2);
   EXPECT_EQ(loss->normaliser_of("head.one2one_cv2.0.0.cb.conv.weight"), 0);
   EXPECT_EQ(loss->normaliser_of("head.cv2.0.0.cb.conv.weight"), 1);
+  // Before any set_progress (a loss called on its own, a memory probe) it weighs as in the first epoch.
+  EXPECT_NEAR(batch_loss(*make_loss(info, LossOptions{}), out, reference_targets(), 64, 64).total.item<double>(), 98.127578735, 1e-4);
   for (const auto& [epoch, total] : std::vector<std::pair<int64_t, double>>{{0, 98.127578735}, {3, 123.207038879}}) {
     loss->set_progress(epoch, 10, c10::kCPU);
     const BatchLoss l = batch_loss(*loss, out, reference_targets(), 64, 64);

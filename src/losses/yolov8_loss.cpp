@@ -111,10 +111,11 @@ class EndToEndLoss : public DetectionLoss {
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const LossTerms one = one2one_(outputs, t, step), many = one2many_(outputs, t, step);
     LossTerms out;
-    const at::Tensor total = at::stack({one.total, many.total});  // [2]
-    // Before any set_progress (a loss called on its own) or on another device, the weights are made here.
-    const bool filled = weights_.defined() && weights_.device() == total.device();
-    out.total = total * (filled ? weights_ : at::tensor({1.0 - many_weight_, many_weight_}, total.options()));
+    // Before any set_progress (a loss called on its own, a memory probe), the host's weights: a
+    // tensor made here would be a copy from the host, a sync.
+    const bool filled = weights_.defined() && weights_.device() == one.total.device();
+    out.total = filled ? at::stack({one.total, many.total}) * weights_
+                       : at::stack({one.total * (1.0 - many_weight_), many.total * many_weight_});  // [2]
     out.items = one.items;
     out.deferred = at::stack({one.deferred, many.deferred});
     return out;
