@@ -1,3 +1,4 @@
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -116,4 +117,23 @@ TEST(RunDir, HoldsTheResolvedConfigAndTheLog) {
   EXPECT_EQ(config_to_yaml(back), config_to_yaml(c));
   EXPECT_NE(read_file(dir + "/train.log").find("a line for the log file"), std::string::npos);
   init_logging("info");  // detach the file sink
+}
+
+// LibTorch's warnings reach the run's log, each message once and named as LibTorch's; the
+// beta notice LibTorch 1.13 gives for the assigner's scatter_reduce does not.
+TEST(RunDir, TheLogTakesLibTorchsWarningsOnceEach) {
+  init_logging("info");
+  const std::string path = test::temp_dir("torch-warnings") + "/train.log";
+  add_log_file(path);
+  for (int i = 0; i < 3; ++i) TORCH_WARN("a warning raised ", "in LibTorch");
+  const at::Tensor summed = at::zeros({2}).scatter_reduce(0, at::tensor(std::vector<int64_t>{0, 0, 1}), at::ones({3}), "sum");
+  spdlog::default_logger()->flush();
+  init_logging("info");  // detach the file sink
+  EXPECT_EQ(summed[0].item<float>(), 2.0f);
+  const std::string text = read_file(path);
+  const std::string line = "LibTorch: a warning raised in LibTorch (";
+  const size_t first = text.find(line);
+  EXPECT_NE(first, std::string::npos) << text;
+  EXPECT_EQ(text.find(line, first + 1), std::string::npos) << text;
+  EXPECT_EQ(text.find("scatter_reduce"), std::string::npos) << text;
 }

@@ -1,11 +1,15 @@
 // Every LibTorch API difference between Debian's 1.13 and 2.x that Headroom meets, behind one
-// header; tests/test_torch_compat.cpp holds each wrapper to its behaviour on the build's version.
+// header; the TorchCompat tests hold each wrapper to its behaviour on the build's version.
 #pragma once
 
 #include <ATen/Functions.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/Exception.h>
 #include <torch/version.h>
+
+#include <cstdint>
+#include <string>
 
 #define HEADROOM_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -77,6 +81,30 @@ inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
   at::_foreach_mul_(tensors, factor);
 #else
   for (const auto& t : tensors) t.mul_(factor);
+#endif
+}
+
+// A c10 warning handler that passes each warning's message and LibTorch source line to
+// `take`: 1.13 calls process(location, message, verbatim) and installs it through
+// c10::Warning, 2.x calls process(const c10::Warning&) and installs it through
+// c10::WarningUtils.
+class WarningHandler : public c10::WarningHandler {
+ public:
+  virtual void take(const std::string& message, const char* file, uint32_t line) = 0;
+#if HEADROOM_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& w) override { take(w.msg(), w.source_location().file, w.source_location().line); }
+#else
+  void process(const c10::SourceLocation& at, const std::string& message, const bool /*verbatim*/) override {
+    take(message, at.file, at.line);
+  }
+#endif
+};
+
+inline void set_warning_handler(c10::WarningHandler* handler) {
+#if HEADROOM_TORCH_AT_LEAST(2, 0)
+  c10::WarningUtils::set_warning_handler(handler);
+#else
+  c10::Warning::set_warning_handler(handler);
 #endif
 }
 
