@@ -329,6 +329,43 @@ class Thrash : public train::Hook {
 };
 }  // namespace
 
+// Scripted step peaks, as fractions of the budget, one per step.
+class PeaksOf : public train::Hook {
+ public:
+  PeaksOf(ScriptedMonitor& m, int64_t budget, std::vector<double> peaks) : m_(m), budget_(budget), peaks_(std::move(peaks)) {}
+  void after_phase(train::Trainer& t, train::StepPhase phase) override {
+    if (phase == train::StepPhase::update) m_.stats.peak_allocated = int64_t(peaks_.at(size_t(t.state().step)) * double(budget_));
+  }
+
+ private:
+  ScriptedMonitor& m_;
+  int64_t budget_;
+  std::vector<double> peaks_;
+};
+
+// memory.grow_after counts steps in a row under half of budget - headroom (0.45 of the budget
+// here): a step above it, as a crowded batch gives, starts the count again.
+TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
+  auto monitor = std::make_shared<ScriptedMonitor>();
+  const Config c = load_config("", tiny_run({"train.steps=7", "memory.grow_after=2"}));
+  train::TrainerParts parts = parts_for(c, temp_dir("gov-grow-half"));
+  parts.monitor = monitor;
+  train::Trainer t(std::move(parts));
+  const int64_t budget = int64_t(1) << 30;
+  memory::Governor* g = govern(t, memory::governor_options(c, budget));
+  t.register_hook(std::make_unique<PeaksOf>(*monitor, budget, std::vector<double>{0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1}));
+  t.train();
+  ASSERT_EQ(g->decisions().size(), 2u);
+  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(g->decisions()[1].action, "micro_batch 2 -> 4");
+  // A decision's step is the first it applies to: the steps run 1, 2, ... with peaks as scripted.
+  EXPECT_EQ(g->decisions()[0].step, 2);
+  // Steps 5 and 6 under half, so from step 7; counting every step since the shrink would have
+  // grown from step 4 (steps 2 and 3, the first above half), into step 4's peak above half.
+  EXPECT_EQ(g->decisions()[1].step, 7);
+  EXPECT_NE(g->decisions()[1].reason.find("2 steps in a row"), std::string::npos) << g->decisions()[1].reason;
+}
+
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
   auto monitor = std::make_shared<ScriptedMonitor>();
   const Config c = load_config("", tiny_run({"train.steps=6"}));
@@ -469,6 +506,9 @@ TEST(Governor, TheLadderNeverGoesBelowTheSmallestMicroBatchTheModelTrainsAt) {
   ASSERT_FALSE(what.empty()) << "expected the governor to give up";
   EXPECT_NE(what.find("nothing left to give up: micro-batch 2"), std::string::npos) << what;
   EXPECT_EQ(what.find("value per channel"), std::string::npos) << what;
+  // Its input is a multiple of 64: at 64 px there is no smaller size to advise (¾ on 32 would be 32).
+  EXPECT_EQ(what.find("data.imgsz="), std::string::npos) << what;
+  EXPECT_NE(what.find("Use a lighter backbone"), std::string::npos) << what;
   EXPECT_EQ(actions(*g), (std::vector<std::string>{"micro_batch 4 -> 2", "activation_checkpointing all", "amp bf16"}));
   ASSERT_FALSE(g->decisions().empty());
   EXPECT_NE(g->decisions()[1].reason.find("at micro-batch 2 (the smallest the model trains at)"), std::string::npos);

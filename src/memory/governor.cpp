@@ -233,14 +233,18 @@ void Governor::after_step(train::Trainer& t) {
   } else if (retry_run_ >= o_.retry_steps() && m > floor) {
     press("the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
-  } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.batch() && ++calm_steps_ >= o_.grow_after() &&
-             s.peak_allocated * 2 < usable) {
-    const int64_t next = std::min<int64_t>(m * 2, t.batch());
-    micro_ = next;
-    record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
-           std::to_string(calm_steps_) + " steps with peak " + format_bytes(double(s.peak_allocated)) +
-               " below half of budget - headroom");
-    calm_steps_ = 0;
+  } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.batch()) {
+    // Twice the micro-batch fits after grow_after steps in a row under half the usable budget;
+    // one step above it (a crowded batch) starts the count again.
+    calm_steps_ = s.peak_allocated * 2 < usable ? calm_steps_ + 1 : 0;
+    if (calm_steps_ >= o_.grow_after()) {
+      const int64_t next = std::min<int64_t>(m * 2, t.batch());
+      micro_ = next;
+      record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
+             std::to_string(calm_steps_) + " steps in a row with peak below half of budget - headroom (the last " +
+                 format_bytes(double(s.peak_allocated)) + ")");
+      calm_steps_ = 0;
+    }
   }
 }
 
@@ -325,18 +329,21 @@ void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure k
 
 void Governor::give_up(train::Trainer& t, const std::string& what, const std::string& why) {
   const StaticMemory st = static_memory(t);
-  const int64_t imgsz = o_.imgsz();
-  const int64_t smaller = std::max<int64_t>(32, (imgsz * 3 / 4) / 32 * 32);
+  // ¾ of the size on the model's input multiple, where that is a smaller size the model takes
+  const int64_t imgsz = o_.imgsz(), multiple = std::max<int64_t>(t.model().info().input_multiple, 1);
+  const int64_t smaller = (imgsz * 3 / 4) / multiple * multiple;
+  const std::string size = smaller >= multiple && smaller < imgsz
+                               ? fmt::format("Train at data.imgsz={} (activations shrink with the square of the size), use", smaller)
+                               : std::string("Use");
   throw Error(fmt::format(
       "out of memory in step {} with micro-batch {} ({}).\n"
       "  budget                {:>10}\n  parameters            {:>10}\n  gradients             {:>10}\n"
       "  optimizer state       {:>10}\n  EMA                   {:>10}\n  step peak so far      {:>10}\n"
-      "Train at data.imgsz={} (activations shrink with the square of the size), use a lighter backbone (model.file, e.g. a "
-      "smaller scale), raise memory.budget{}, or run `trainer memory --config ...` for the full table. The last checkpoint "
-      "is intact. ({})",
+      "{} a lighter backbone (model.file, e.g. a smaller scale), raise memory.budget{}, or run `trainer memory --config ...` "
+      "for the full table. The last checkpoint is intact. ({})",
       t.state().step + 1, micro_batch(t), why, o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
       format_bytes(double(st.parameters)), format_bytes(double(st.gradients)), format_bytes(double(st.optimizer)),
-      format_bytes(double(st.ema)), format_bytes(double(std::max(peak_so_far_, monitor(t).sample().peak_allocated))), smaller,
+      format_bytes(double(st.ema)), format_bytes(double(std::max(peak_so_far_, monitor(t).sample().peak_allocated))), size,
       o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on", what));
 }
 
