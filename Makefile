@@ -54,6 +54,7 @@ install: build
 bench: build
 	$(BUILD)/bench_loader --out $(BUILD)/bench-data
 	$(BUILD)/bench_augment
+	$(BUILD)/bench_models
 	$(BUILD)/bench_memory --data $(BUILD)/bench-memory-data
 	$(BUILD)/bench_checkpoint --dir $(BUILD)/bench-checkpoint
 	$(BUILD)/bench_checkpoint --dir $(BUILD)/bench-checkpoint --async

@@ -365,7 +365,7 @@ std::vector<ConfigKey> build_schema() {
       choice_key("train.cuda_graphs", [](Config& c) -> std::string& { return c.train.cuda_graphs; }, {"auto", "on", "off"},
                  "Capture each training step (forward, loss, backward, update) as one CUDA graph once its shapes "
                  "repeat, and replay it: one launch instead of thousands. auto = where the steps can be captured "
-                 "(CUDA, a fixed image size, one process, sgd / adam / adamw) and the replay is measured faster than "
+                 "(CUDA, a fixed image size, one process) and the replay is measured faster than "
                  "the eager step; on = wherever they can be (an error where they cannot); off = never.",
                  {{"true", "on"}, {"false", "off"}, {"True", "on"}, {"False", "off"}}),
       bool_key("train.ema", [](Config& c) -> bool& { return c.train.ema; },
