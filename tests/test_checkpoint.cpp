@@ -249,6 +249,21 @@ TEST(Checkpoint, ASnapshotThatDoesNotFitTheBudgetIsNotTaken) {
   EXPECT_TRUE(equal_lists(params_of(*raw), save.raw));
 }
 
+// Before any step (a resume's first write comes before its first step) nothing says how much of
+// the budget a step leaves: the snapshot is not taken, however roomy the budget. Taken, it sat
+// beside the next step and the governor shrank the batch for it (a resumed run at 26.8 MiB
+// went out of memory at 26.3 MiB in use where the run it resumed held 19.7 MiB).
+TEST(Checkpoint, TheFirstWriteBeforeAnyStepUnderABudgetIsNotTaken) {
+  const std::string dir = temp_dir("ck-first"), path = dir + "/step0.pt";
+  const Config c = load_config("", tiny_run({"train.steps=1", "train.val_every=0"}));
+  train::TrainerParts p = parts_for(c, dir);
+  p.options.memory_usable(int64_t{1} << 40);
+  train::Trainer t(std::move(p));
+  t.save_checkpoint(path);
+  EXPECT_TRUE(fs::exists(path)) << "the checkpoint was left to a thread before any step had said what room it has";
+  t.train();
+}
+
 #ifdef HEADROOM_WITH_CUDA
 namespace {
 

@@ -346,11 +346,12 @@ void Trainer::save_checkpoint(const std::string& path, std::function<void()> the
   meta["config"] = options_.config_yaml();
   // A CPU snapshot, and a CUDA one staged on the device, is memory beside the next steps: it must
   // fit under the budget with the largest step seen, or the governor would take it for the step's
-  // own and shrink the batch. A CUDA snapshot goes to the host unstaged where it does not fit or
-  // nothing says it would (no budget, or no step seen: a resume's first write).
+  // own and shrink the batch. Where it does not fit or nothing says it would (no step seen: a
+  // resume's first write; on CUDA also no budget), a CUDA snapshot goes to the host unstaged and
+  // a CPU one is written while the training waits.
   const int64_t bytes = archive_tensor_bytes(root), usable = options_.memory_usable();
   const bool fits = device_.is_cuda() ? usable > 0 && step_peak_ > 0 && step_peak_ + bytes <= usable
-                                      : usable == 0 || step_peak_ + bytes <= usable;
+                                      : usable == 0 || (step_peak_ > 0 && step_peak_ + bytes <= usable);
   if (options_.async_checkpoints() && !fits && step_peak_ > 0 && !said_sync_) {
     said_sync_ = true;
     spdlog::info("{}: a snapshot of {} does not fit beside the step's peak of {} in the {} the budget leaves",
