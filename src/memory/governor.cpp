@@ -269,7 +269,11 @@ void Governor::after_epoch(train::Trainer& t) {
     const int64_t limit = o_.budget() - other_growth_;
     if (limit != s.limit) {
       monitor(t).set_limit(limit);
-      if (growth > 0)
+      if (limit <= 0)
+        spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, past the whole {} budget: "
+                     "no tensor fits under it now; raise memory.budget",
+                     format_bytes(double(growth)), format_bytes(double(o_.budget())));
+      else if (growth > 0)
         spdlog::info("memory: tensors may use {} of the {} budget: the process's other memory grew by {}", format_bytes(double(limit)),
                      format_bytes(double(o_.budget())), format_bytes(double(growth)));
     }
