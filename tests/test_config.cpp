@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
@@ -153,5 +154,13 @@ TEST(Config, EveryKeyIsDocumentedWithItsDefault) {
     const std::string line = doc.substr(at, doc.find('\n', at) - at);
     const std::string shown = k.default_text.empty() ? "`\"\"`" : "`" + k.default_text + "`";
     EXPECT_NE(line.find(shown), std::string::npos) << k.path << ": docs/config.md does not give the default " << shown;
+  }
+  // And every key the table documents is one: a row left behind by a renamed key is a lie.
+  std::set<std::string> keys;
+  for (const ConfigKeyInfo& k : config_keys()) keys.insert(k.path);
+  for (size_t at = doc.find("\n| `"); at != std::string::npos; at = doc.find("\n| `", at + 1)) {
+    const size_t start = at + 4, end = doc.find('`', start);
+    const std::string key = doc.substr(start, end - start);
+    EXPECT_TRUE(keys.count(key)) << "docs/config.md documents " << key << ", which is not a config key";
   }
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <regex>
 #include <thread>
 
 #include "headroom/cli/run.h"
@@ -144,6 +145,34 @@ TEST(AutoBatch, EveryStepSumsExactlyNominalBatchImages) {
   EXPECT_EQ(t.accumulate(), 1);
   EXPECT_EQ(t.state().step, 2);
   EXPECT_EQ(t.state().images, 24);
+}
+
+// A run that chose its batch resumes at that micro-batch without searching again: its budget
+// cannot change on resume, and only a search could pick differently.
+TEST(AutoBatch, AResumeKeepsTheChosenMicroBatchWithoutSearchingAgain) {
+  auto monitor = cpu_monitor();
+  const std::string dir = temp_dir("auto-resume");
+  std::vector<std::string> o = tiny_run({"train.batch=auto", "train.nominal_batch=16", "train.epochs=2", "train.val_every=0"});
+  const Config c = load_config("", o);
+  const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+  const int64_t budget = int64_t(double(e.predicted_peak(8)) / 0.9);  // with 10% headroom: about 8 of the 16
+  for (const std::string& k : {"project=" + dir + "/runs", std::string("name=r"), "memory.budget=" + std::to_string(budget)}) o.push_back(k);
+  o.push_back("train.save_every_steps=2");
+  const RunResult whole = run_trainer("train --config " + config_file(dir, o));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::regex micro("micro-batch ([0-9]+) of loader batch ([0-9]+)");
+  std::smatch chosen;
+  ASSERT_TRUE(std::regex_search(whole.output, chosen, micro)) << whole.output;
+  ASSERT_LT(std::stoi(chosen[1]), 16) << "the budget should fit fewer than nominal_batch images: " << whole.output;
+  EXPECT_NE(whole.output.find("train.batch auto: micro-batch " + chosen[1].str()), std::string::npos) << whole.output;
+
+  const RunResult resumed = run_trainer("train --resume " + dir + "/runs/r/weights/step_00000002.pt");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.output.find("train.batch auto"), std::string::npos) << resumed.output;  // no search
+  std::smatch again;
+  ASSERT_TRUE(std::regex_search(resumed.output, again, micro)) << resumed.output;
+  EXPECT_EQ(again[0].str(), chosen[0].str());
 }
 
 // The automatic batch verifies a micro-batch by a real step run as the run's later micro-batches

@@ -301,6 +301,28 @@ TEST(Amp, AutocastGuardEnablesBf16AndRestores) {
   }
 }
 
+// The guard's end clears autocast's cache of low-precision weight copies: an optimizer step
+// changes the weights in place between two forwards, and a stale copy would hide it.
+TEST(Amp, AutocastGuardDropsTheCastWeightsWhenItEnds) {
+  const at::Tensor x = at::randn({4, 4});
+  at::Tensor w = at::randn({4, 4}).set_requires_grad(true);  // a leaf, as a parameter
+  {
+    AutocastGuard g(c10::kCPU, at::kBFloat16);
+    (void)at::mm(x, w);  // caches w's bf16 copy
+  }
+  {
+    at::NoGradGuard no_grad;
+    w.add_(1.0);
+  }
+  at::Tensor y;
+  {
+    AutocastGuard g(c10::kCPU, at::kBFloat16);
+    y = at::mm(x, w);
+  }
+  const at::Tensor expected = at::mm(x.to(at::kBFloat16), w.detach().to(at::kBFloat16));
+  EXPECT_TRUE(at::allclose(y.to(at::kFloat), expected.to(at::kFloat), 1e-2, 1e-2)) << y << expected;
+}
+
 TEST(Amp, GradNormAndClipping) {
   std::vector<at::Tensor> grads = {at::full({4}, 3.0f), at::full({9}, 4.0f)};  // norm sqrt(36 + 144)
   const at::Tensor n = grad_norm(grads);
@@ -336,6 +358,26 @@ TEST(Ema, FollowsTheDecayRamp) {
   EXPECT_EQ(ema.updates(), 1);
   EXPECT_TRUE(at::allclose(ema.model()->parameters()[0], w0 * d + (w0 + 1) * (1 - d), 1e-6, 1e-6));
   EXPECT_FALSE(ema.model()->parameters()[0].requires_grad());
+  // BatchNorm's running statistics are averaged the same way; its batch count, an integer no
+  // average fits, is copied.
+  auto buffers = model->named_buffers(), averaged = ema.model()->named_buffers();
+  std::string bn;  // the first BatchNorm's name, up to its "running_mean"
+  for (const auto& item : buffers)
+    if (item.key().size() > 12 && item.key().compare(item.key().size() - 12, 12, "running_mean") == 0) {
+      bn = item.key().substr(0, item.key().size() - 12);
+      break;
+    }
+  ASSERT_FALSE(bn.empty()) << "no BatchNorm running mean";
+  const at::Tensor mean0 = buffers[bn + "running_mean"].clone(), ema_mean0 = averaged[bn + "running_mean"].clone();
+  {
+    at::NoGradGuard g;
+    buffers[bn + "running_mean"].add_(2.0);
+    buffers[bn + "num_batches_tracked"].fill_(7);
+  }
+  const double d2 = ema.decay_now();
+  ema.update(*model);
+  EXPECT_TRUE(at::allclose(averaged[bn + "running_mean"], ema_mean0 * d2 + (mean0 + 2) * (1 - d2), 1e-6, 1e-6)) << bn;
+  EXPECT_EQ(averaged[bn + "num_batches_tracked"].item<int64_t>(), 7) << bn;
 }
 
 TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {

@@ -221,6 +221,16 @@ TEST(Train, KilledAndResumedRunsWriteTheSameRecordAndWeights) {
     auto [raw, ema] = checkpoint_models(weights + "last.pt");
     EXPECT_TRUE(same_tensors(*full_raw, *raw));
   }
+  // With its event file gone, the same resume says so and records what it runs in a new file:
+  // step 4 is the first epoch's last, whose end comes after the checkpoint, so every epoch's
+  // scalars, as the uninterrupted run's.
+  for (const auto& f : fs::directory_iterator(run))
+    if (f.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(f.path());
+  test::RunResult gone = test::run_trainer("train --resume " + weights + "step_00000004.pt");
+  ASSERT_EQ(gone.exit_code, 0) << gone.output;
+  EXPECT_NE(gone.output.find("not there as the checkpoint left it; the run continues in a new event file"), std::string::npos)
+      << gone.output;
+  EXPECT_EQ(tensorboard_of(run), tensorboard_of(full_run));
 
   // A damaged newest checkpoint: an explicit --resume refuses it naming the file; auto falls
   // back to the previous one.
@@ -334,7 +344,8 @@ TEST(Train, InitFromLoadsMatchingTensorsAndListsTheRest) {
 
 TEST(Train, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
   const Config c = load_config("", tiny_run({"train.steps=50", "train.max_bad_steps=3", "train.ema=false"}));
-  cli::Run run = run_for(c, test::temp_dir("nan"), [](train::TrainerParts& p) { p.loss = std::make_unique<NanLoss>(); });
+  const std::string dir = test::temp_dir("nan");
+  cli::Run run = run_for(c, dir, [](train::TrainerParts& p) { p.loss = std::make_unique<NanLoss>(); });
   train::Trainer& t = *run.trainer;
   const std::vector<at::Tensor> before = params_of(t.model());
   t.train();
@@ -347,6 +358,11 @@ TEST(Train, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
       << t.state().stop_reason;
   const std::vector<at::Tensor> after = params_of(t.model());
   for (size_t i = 0; i < before.size(); ++i) ASSERT_TRUE(at::equal(before[i], after[i])) << "parameter " << i << " changed";
+  // The stopped run leaves its checkpoint: those weights, at the step it stopped after.
+  const std::string last = dir + "/weights/last.pt";
+  ASSERT_TRUE(fs::exists(last));
+  const std::vector<at::Tensor> saved = params_of(*checkpoint_models(last).first);
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_TRUE(at::equal(before[i], saved[i])) << "saved parameter " << i;
 }
 
 // Poisons one gradient of a parameter group after the backward of chosen steps.
