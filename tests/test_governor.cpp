@@ -431,15 +431,25 @@ TEST(Planner, RecomputesTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
   EXPECT_EQ(refuted->plan(128, 8).recomputed, every.recomputed);
   EXPECT_EQ(refuted->stages_of(refuted->plan(128, 8)), "every stage");
   EXPECT_EQ(refuted->plan(64, 8).recomputed, small_before);
-  // Training with the plan stays under the budget: no out-of-memory error.
-  train::TrainerParts parts = train::make_trainer_parts(c, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr);
-  parts.monitor = monitor;
-  train::Trainer t(std::move(parts));
-  memory::Governor* g = govern(t, memory::governor_options(c, budget), planner);
-  t.train();
-  monitor->set_limit(0);
-  for (const auto& d : g->decisions()) EXPECT_EQ(d.reason.rfind("out of memory", 0), std::string::npos) << d.action << ": " << d.reason;
-  EXPECT_EQ(t.model().recompute_mode(), models::RecomputeMode::stages);
+  // Training with the plan stays under the budget: no out-of-memory error. memory.governor:
+  // false keeps the plan (only the recovery goes): the same stages, and it fits as well.
+  std::vector<bool> stages;
+  for (const bool governor : {true, false}) {
+    Config run = c;
+    run.memory.governor = governor;
+    train::TrainerParts parts = train::make_trainer_parts(run, c10::Device(c10::kCPU), temp_dir("planner"), split, nullptr);
+    parts.monitor = monitor;
+    train::Trainer t(std::move(parts));
+    memory::Governor* g = govern(t, memory::governor_options(run, budget), planner);
+    t.train();
+    monitor->set_limit(0);
+    for (const auto& d : g->decisions()) EXPECT_EQ(d.reason.rfind("out of memory", 0), std::string::npos) << d.action << ": " << d.reason;
+    EXPECT_EQ(t.model().recompute_mode(), models::RecomputeMode::stages) << "governor " << governor;
+    if (governor)
+      stages = t.model().recompute_setting().stages;
+    else
+      EXPECT_EQ(t.model().recompute_setting().stages, stages);
+  }
 }
 
 TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
