@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <set>
 
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
@@ -329,18 +330,23 @@ class Thrash : public train::Hook {
 };
 }  // namespace
 
-// Scripted step peaks, as fractions of the budget, one per step.
+// Scripted step peaks, as fractions of the budget, one per step, and allocator retries in the
+// steps (1-based) of `retries`.
 class PeaksOf : public train::Hook {
  public:
-  PeaksOf(ScriptedMonitor& m, int64_t budget, std::vector<double> peaks) : m_(m), budget_(budget), peaks_(std::move(peaks)) {}
+  PeaksOf(ScriptedMonitor& m, int64_t budget, std::vector<double> peaks, std::set<int64_t> retries = {})
+      : m_(m), budget_(budget), peaks_(std::move(peaks)), retries_(std::move(retries)) {}
   void after_phase(train::Trainer& t, train::StepPhase phase) override {
-    if (phase == train::StepPhase::update) m_.stats.peak_allocated = int64_t(peaks_.at(size_t(t.state().step)) * double(budget_));
+    if (phase != train::StepPhase::update) return;
+    m_.stats.peak_allocated = int64_t(peaks_.at(size_t(t.state().step)) * double(budget_));
+    if (retries_.count(t.state().step + 1)) ++m_.stats.alloc_retries;
   }
 
  private:
   ScriptedMonitor& m_;
   int64_t budget_;
   std::vector<double> peaks_;
+  std::set<int64_t> retries_;
 };
 
 // memory.grow_after counts steps in a row under half of budget - headroom (0.45 of the budget
@@ -364,6 +370,19 @@ TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
   // grown from step 4 (steps 2 and 3, the first above half), into step 4's peak above half.
   EXPECT_EQ(g->decisions()[1].step, 7);
   EXPECT_NE(g->decisions()[1].reason.find("2 steps in a row"), std::string::npos) << g->decisions()[1].reason;
+  // A step whose allocator had to retry is not calm either: with a retry in step 6, steps 7 and 8.
+  auto retried = std::make_shared<ScriptedMonitor>();
+  const Config longer = load_config("", tiny_run({"train.steps=8", "memory.grow_after=2"}));
+  train::TrainerParts p = parts_for(longer, temp_dir("gov-grow-retry"));
+  p.monitor = retried;
+  train::Trainer u(std::move(p));
+  memory::Governor* h = govern(u, memory::governor_options(longer, budget));
+  u.register_hook(std::make_unique<PeaksOf>(*retried, budget, std::vector<double>{0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1},
+                                            std::set<int64_t>{6}));
+  u.train();
+  ASSERT_EQ(h->decisions().size(), 2u);
+  EXPECT_EQ(h->decisions()[1].action, "micro_batch 2 -> 4");
+  EXPECT_EQ(h->decisions()[1].step, 9);
 }
 
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {

@@ -234,9 +234,9 @@ void Governor::after_step(train::Trainer& t) {
     press("the allocator freed its cache and retried on " + std::to_string(retry_run_) + " steps in a row (thrashing)");
     retry_run_ = 0;
   } else if (t.world() == 1 && o_.grow_after() > 0 && m < t.batch()) {
-    // Twice the micro-batch fits after grow_after steps in a row under half the usable budget;
-    // one step above it (a crowded batch) starts the count again.
-    calm_steps_ = s.peak_allocated * 2 < usable ? calm_steps_ + 1 : 0;
+    // Twice the micro-batch fits after grow_after steps in a row under half the usable budget
+    // without allocator retries; one step above it (a crowded batch) starts the count again.
+    calm_steps_ = s.peak_allocated * 2 < usable && !new_retries ? calm_steps_ + 1 : 0;
     if (calm_steps_ >= o_.grow_after()) {
       const int64_t next = std::min<int64_t>(m * 2, t.batch());
       micro_ = next;
@@ -264,16 +264,19 @@ void Governor::after_epoch(train::Trainer& t) {
                                  format_bytes(double(other)), double(growth) / double(1 << 20))
                    : std::string());
   // On the CPU the budget bounds the process: the rest's growth comes off the tensors' limit.
-  if (cpu && o_.budget() > 0) {
+  if (cpu && o_.budget() > 0 && growth >= o_.budget()) {
+    // No limit is left to give the tensors (one at or under 0 would switch the allocator's check
+    // off, and a negative usable budget would shrink every step): they keep theirs, and the log
+    // says the process is over its budget.
+    spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, past the whole {} budget; "
+                 "the tensors keep their limit of {} and the process is over its budget: raise memory.budget",
+                 format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(s.limit)));
+  } else if (cpu && o_.budget() > 0) {
     other_growth_ = std::max<int64_t>(0, growth);
     const int64_t limit = o_.budget() - other_growth_;
     if (limit != s.limit) {
       monitor(t).set_limit(limit);
-      if (limit <= 0)
-        spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, past the whole {} budget: "
-                     "no tensor fits under it now; raise memory.budget",
-                     format_bytes(double(growth)), format_bytes(double(o_.budget())));
-      else if (growth > 0)
+      if (growth > 0)
         spdlog::info("memory: tensors may use {} of the {} budget: the process's other memory grew by {}", format_bytes(double(limit)),
                      format_bytes(double(o_.budget())), format_bytes(double(growth)));
     }
@@ -296,6 +299,7 @@ bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite sit
 
 void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure kind) {
   monitor(t).release_cache();
+  calm_steps_ = 0;  // every rung, not only a shrink: the step after an OOM starts no calm stretch
   const int64_t m = micro_batch(t);
   if (kind == MemoryFailure::library) {
     // Often an allocation failure in disguise: one smaller try each time; at the smallest
