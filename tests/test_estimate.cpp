@@ -167,12 +167,18 @@ TEST(AutoBatch, AResumeKeepsTheChosenMicroBatchWithoutSearchingAgain) {
   ASSERT_LT(std::stoi(chosen[1]), 16) << "the budget should fit fewer than nominal_batch images: " << whole.output;
   EXPECT_NE(whole.output.find("train.batch auto: micro-batch " + chosen[1].str()), std::string::npos) << whole.output;
 
+  // Step 2 ends the first epoch: its memory line says the micro-batch the checkpoint holds (the
+  // chosen one, or what the governor made of it in steps 1 and 2).
+  std::smatch held;
+  ASSERT_TRUE(std::regex_search(whole.output, held, std::regex("memory, epoch 1: .*; micro-batch ([0-9]+);"))) << whole.output;
+
   const RunResult resumed = run_trainer("train --resume " + dir + "/runs/r/weights/step_00000002.pt");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(resumed.output.find("train.batch auto"), std::string::npos) << resumed.output;  // no search
   std::smatch again;
   ASSERT_TRUE(std::regex_search(resumed.output, again, micro)) << resumed.output;
-  EXPECT_EQ(again[0].str(), chosen[0].str());
+  EXPECT_EQ(again[1].str(), held[1].str()) << resumed.output;
+  EXPECT_EQ(again[2].str(), chosen[2].str());
 }
 
 // The automatic batch verifies a micro-batch by a real step run as the run's later micro-batches

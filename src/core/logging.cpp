@@ -22,7 +22,7 @@ class LogWarnings : public compat::WarningHandler {
     for (const char* expected : kExpected)
       if (message.find(expected) != std::string::npos) return;
     {
-      std::lock_guard<std::mutex> lock(mutex_);  // warnings come from any thread (loaders, autograd)
+      std::lock_guard<std::mutex> lock(mutex_);  // one handler for every thread that calls init_logging
       if (!seen_.insert(message).second) return;
     }
     spdlog::warn("LibTorch: {} ({}:{})", message, file ? file : "?", line);
@@ -43,7 +43,7 @@ void init_logging(const std::string& level) {
   logger->flush_on(spdlog::level::warn);
   spdlog::set_default_logger(logger);
   static LogWarnings warnings;  // lives as long as the process: c10 keeps a raw pointer
-  compat::set_warning_handler(&warnings);
+  compat::set_warning_handler(&warnings);  // for this thread: c10's handler is thread-local
 }
 
 void add_log_file(const std::string& path) {
