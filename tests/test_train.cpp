@@ -329,6 +329,34 @@ TEST(Train, CtrlCWritesACheckpointAndSaysHowToResume) {
   }
 }
 
+// The first Ctrl-C says the run stops after the step; a second one, sent while that step runs,
+// ends the process by the signal, and the checkpoints already written still load.
+TEST(Train, ASecondCtrlCEndsTheProcessAtOnce) {
+  for (int attempt = 1;; ++attempt) {
+    const std::string dir = test::temp_dir("sigint-twice-" + std::to_string(attempt));
+    // 320 px, batch 8: steps long enough that the second signal lands in the one the first interrupted.
+    const std::string cfg = config_file(dir, tiny_run({"project=" + dir + "/runs", "name=r", "train.steps=100000",
+                                                       "train.save_every_steps=2", "data.imgsz=320", "train.batch=8"}));
+    const std::string log = dir + "/log";
+    const pid_t pid = spawn_trainer("--config " + cfg, log);
+    ASSERT_TRUE(wait_for_file(dir + "/runs/r/weights/step_00000002.pt", 300)) << test::read_bytes(log);
+    ::kill(pid, SIGINT);
+    ASSERT_TRUE(wait_for_text(log, "press Ctrl-C again to stop at once", 60)) << test::read_bytes(log);
+    const bool stopped_already = test::read_bytes(log).find("Resume with") != std::string::npos;
+    ::kill(pid, SIGINT);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (stopped_already && attempt < 3) continue;  // the step and the stop ended before the second signal
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT)
+        << "exited " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << "\n" << test::read_bytes(log);
+    for (const auto& f : std::filesystem::directory_iterator(dir + "/runs/r/weights")) {
+      if (f.path().extension() != ".pt") continue;
+      EXPECT_FALSE(train::checkpoint_config_yaml(f.path().string()).empty()) << f.path();
+    }
+    return;
+  }
+}
+
 TEST(Train, InitFromLoadsMatchingTensorsAndListsTheRest) {
   const Config c2 = load_config("", tiny_run({}));
   models::Detector two = interop::run_model(c2, 2), three = interop::run_model(c2, 3);

@@ -117,13 +117,22 @@ inline pid_t spawn_trainer(const std::string& args, const std::string& log) {
   return pid;
 }
 
-inline bool wait_for_file(const std::string& path, double seconds) {
+inline bool wait_until(const std::function<bool()>& done, double seconds, std::chrono::milliseconds poll) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
-    if (std::filesystem::exists(path)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (done()) return true;
+    std::this_thread::sleep_for(poll);
   }
   return false;
+}
+
+inline bool wait_for_file(const std::string& path, double seconds) {
+  return wait_until([&] { return std::filesystem::exists(path); }, seconds, std::chrono::milliseconds(5));
+}
+
+// Polled every millisecond: a test reacts to what a process says while it is still at that point.
+inline bool wait_for_text(const std::string& path, const std::string& text, double seconds) {
+  return wait_until([&] { return read_bytes(path).find(text) != std::string::npos; }, seconds, std::chrono::milliseconds(1));
 }
 
 inline int wait_exit_code(pid_t pid) {

@@ -184,7 +184,7 @@ int run_train(TrainArgs& a, bool resuming) {
   options.checkpoint = checkpoint;
   options.group = group;
   Run run = build_run(std::move(c), device, std::move(options));
-  train::install_interrupt_handler();
+  train::install_interrupt_handler(world.rank == 0);
   run.trainer->train();
   return run.trainer->state().exit_code;
 }

@@ -382,9 +382,16 @@ class CheckpointHook : public Hook {
 };
 
 std::atomic<bool> g_interrupt{false};
+bool g_announce = false;
 extern "C" void on_sigint(int) {
   g_interrupt.store(true);
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+  // write(2) is async-signal-safe where the logger is not; the step may run for seconds yet.
+  static const char kSaid[] = "\nCtrl-C: stopping after this step and writing last.pt; press Ctrl-C again to stop at once\n";
+  if (g_announce) {
+    const ssize_t written = ::write(STDERR_FILENO, kSaid, sizeof(kSaid) - 1);
+    (void)written;  // nothing to do where stderr is gone
+  }
 }
 
 }  // namespace
@@ -402,7 +409,10 @@ void register_default_hooks(Trainer& t, const Config& c) {
   t.register_hook(std::make_unique<CheckpointHook>(o.save_every_steps, o.keep));
 }
 
-void install_interrupt_handler() { std::signal(SIGINT, on_sigint); }
+void install_interrupt_handler(bool announce) {
+  g_announce = announce;
+  std::signal(SIGINT, on_sigint);
+}
 bool interrupt_requested() { return g_interrupt.load(); }
 
 }  // namespace headroom::train

@@ -11,8 +11,9 @@ namespace headroom::train {
 // step (or the epoch's end) is in the file it writes.
 void register_default_hooks(Trainer& t, const Config& c);
 
-// Ctrl-C handling: the first SIGINT asks the loop to stop after the current step.
-void install_interrupt_handler();
+// Ctrl-C handling: the first SIGINT asks the loop to stop after the current step and, where
+// `announce` (rank 0), says so on stderr; the second ends the process at once.
+void install_interrupt_handler(bool announce);
 bool interrupt_requested();
 
 }  // namespace headroom::train
