@@ -292,6 +292,35 @@ TEST(Train, ResumeHonoursProjectAndNameFromTheCommandLine) {
   EXPECT_NE(r.output.find("continues the run in"), std::string::npos) << r.output;
 }
 
+// A checkpoint of an earlier format (before the registry: its training state is not this one's)
+// is refused for resume with the way to start from its weights, which works; nothing of the run
+// that wrote it changes.
+TEST(Train, AnEarlierCheckpointFormatIsRefusedForResumeAndItsWeightsStartARun) {
+  const std::string dir = test::temp_dir("resume-format");
+  const std::string cfg = config_file(dir, tiny_run({"project=" + dir + "/p", "name=n", "train.steps=2", "train.val_every=0"}));
+  ASSERT_EQ(test::run_trainer("train --config " + cfg).exit_code, 0);
+  const std::string last = dir + "/p/n/weights/last.pt", old = dir + "/p/n/weights/format1.pt";
+  const std::string last_bytes = test::read_bytes(last);
+  {
+    models::LoadedWeights w = models::load_weights(last, c10::Device(c10::kCPU));
+    torch::serialize::OutputArchive root;
+    models::write_weights(*w.model, w.info, root);
+    Json meta = train::checkpoint_meta(last);
+    meta["format"] = 1;
+    models::save_archive_atomic(root, old, meta.dump());
+  }
+  test::RunResult r = test::run_trainer("train --resume " + old);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(old + ": checkpoint format 1 is not this Headroom's (2); start a new run from its weights with "
+                                "model.init_from=" + old),
+            std::string::npos)
+      << r.output;
+  r = test::run_trainer("train --config " + cfg + " name=m model.init_from=" + old);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model.init_from " + old + ": 0 tensors skipped"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(last), last_bytes);
+}
+
 // The precision a run resolved is part of it: a resume keeps it whatever the config resolves
 // to on the device it resumes on (train.amp: auto is fp16 on CUDA and off on the CPU).
 TEST(Train, AResumeKeepsThePrecisionOfTheRun) {
