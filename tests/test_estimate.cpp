@@ -12,7 +12,9 @@
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/text.h"
+#include "headroom/core/threads.h"
 #include "headroom/data/dataset.h"
+#include "headroom/data/synth.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/memory/estimate.h"
 #include "headroom/memory/governor.h"
@@ -427,6 +429,38 @@ TEST(Starvation, SaysWhichStageIsSlowAndWhatToChange) {
   EXPECT_NE(h.diagnose(e).find("data.prefetch"), std::string::npos) << h.diagnose(e);
   e.workers = 0;
   EXPECT_NE(h.diagnose(e).find("data.workers: 0"), std::string::npos);
+}
+
+// data.workers: auto, as `trainer train` sets the hook up: decode threads that are saturated while
+// the step waits double for the next epoch, up to the machine's cores (here one thread to two, as
+// on a machine of 16 cores auto's 8 threads double to 16).
+TEST(Starvation, SaturatedAutoDecodeThreadsDoubleForTheNextEpoch) {
+  data::SynthOptions big;  // 2048 px JPEGs (1 MB each) for a 64 px step: decoding is the limit
+  big.out = temp_dir("starve-big");
+  big.images = 80;
+  big.size = 2048;
+  big.val_fraction = 0.1;
+  const std::string yaml = data::synthesize(big).data_yaml;
+  const Config c = load_config("", tiny_run({"data.dataset=" + yaml, "train.epochs=2", "train.val_every=0", "data.workers=auto",
+                                                  "data.prefetch=1", "train.batch=8"}));
+  const memory::StarvationOptions o = memory::starvation_options(c);
+  EXPECT_TRUE(o.auto_workers());
+  EXPECT_EQ(o.max_workers(), available_cores());
+  train::Trainer t(parts_for(c, temp_dir("starve-double")));
+  t.loader().set_workers(1);
+  auto hook = std::make_unique<memory::StarvationHook>(memory::StarvationOptions(o).max_workers(2));
+  memory::StarvationHook* h = hook.get();
+  t.register_hook(std::move(hook));
+  struct Workers : train::Hook {  // the decode threads each epoch ran with
+    std::vector<int> seen;
+    void before_epoch(train::Trainer& t) override { seen.push_back(t.loader().options().workers()); }
+  };
+  auto workers = std::make_unique<Workers>();
+  Workers* w = workers.get();
+  t.register_hook(std::move(workers));
+  t.train();
+  EXPECT_EQ(w->seen, (std::vector<int>{1, 2}));
+  EXPECT_EQ(h->last_epoch().workers, 2);
 }
 
 TEST(Starvation, MeasuresAnEpochOfATraining) {
