@@ -261,7 +261,8 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
 }
 
 // A rank of the tests below, started by run_ranks with torchrun's variables and
-// HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory);
+// HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory, a
+// `press` file makes its memory ask for a smaller micro-batch);
 // skipped otherwise. BatchNorm is frozen: the ranks' result is one process's up to rounding.
 TEST(DistributedWorker, TrainsAsItsRank) {
   const char* dir_env = std::getenv("HEADROOM_TEST_WORKER_DIR");
@@ -291,6 +292,15 @@ TEST(DistributedWorker, TrainsAsItsRank) {
     bool done_ = false;
   };
   if (fs::exists(dir + "/oom")) t.register_hook(std::make_unique<OomOnRank1>());
+  // Rank 1 alone holds 150 MiB through step 2: its peak crosses budget - headroom, no error.
+  class PressOnRank1 : public train::Hook {
+   public:
+    void before_step(train::Trainer& t) override {
+      held_ = t.rank() == 1 && t.state().step == 1 ? at::ones({150 << 20}, at::kByte) : at::Tensor();
+    }
+    at::Tensor held_;
+  };
+  if (fs::exists(dir + "/press")) t.register_hook(std::make_unique<PressOnRank1>());
   t.train();
   std::vector<at::Tensor> params = params_of(t.model());
   torch::save(params, dir + "/rank" + std::to_string(w.rank) + ".pt");
@@ -419,4 +429,27 @@ TEST(Distributed, AnOutOfMemoryErrorOnOneRankShrinksEveryRank) {
     std::printf("rank %d after an out-of-memory error on rank 1: relative difference to one process %.2e\n", r, diff);
     EXPECT_LE(diff, 1e-5) << "rank " << r;
   }
+}
+
+// A pre-emptive shrink is voted like an out-of-memory error: rank 1's peak alone crosses
+// budget - headroom in step 2, and both ranks halve the micro-batch together. The grow-back is
+// off on several ranks: grow_after 1 would double it again after one calm step in one process.
+TEST(Distributed, MemoryPressureOnOneRankShrinksEveryRankAndNothingGrowsBack) {
+  const std::string dir = temp_dir("dist-press");
+  const std::vector<std::string> common = exact_run({"train.steps=6", "train.val_every=0", "distributed.sync_bn=false",
+                                                     "memory.budget=256MiB", "memory.headroom=0.5", "memory.grow_after=1"},
+                                                    "yolov8.yaml");
+  std::vector<std::string> ranks = common;
+  ranks.push_back("train.batch=4");
+  config_file(dir, ranks);
+  write_bytes(dir + "/press", "rank 1, step 2");
+  ASSERT_TRUE(run_ranks(dir));
+  for (int r = 0; r < 2; ++r) {
+    const std::string decisions = read_bytes(dir + "/rank" + std::to_string(r) + ".txt");
+    EXPECT_EQ(std::count(decisions.begin(), decisions.end(), '\n'), 1) << "rank " << r << ":\n" << decisions;
+    EXPECT_NE(decisions.find("micro_batch 4 -> 2"), std::string::npos) << "rank " << r << ":\n" << decisions;
+  }
+  EXPECT_NE(read_bytes(dir + "/rank0.txt").find("memory pressure on rank 1"), std::string::npos) << read_bytes(dir + "/rank0.txt");
+  EXPECT_NE(read_bytes(dir + "/rank1.txt").find("crossed budget - headroom"), std::string::npos) << read_bytes(dir + "/rank1.txt");
+  EXPECT_EQ(read_bytes(dir + "/rank0.txt").substr(0, 2), read_bytes(dir + "/rank1.txt").substr(0, 2));  // the same step
 }
