@@ -264,6 +264,42 @@ TEST(Checkpoint, TheFirstWriteBeforeAnyStepUnderABudgetIsNotTaken) {
   t.train();
 }
 
+// A governor decision makes the peaks of the steps before it stale. Step 2 holds 150 MiB beside
+// its own and crosses budget - headroom (128 MiB): the micro-batch halves, and the checkpoint
+// after step 4 fits beside the smaller steps, so it is written behind the training (its `then`
+// runs on the writer's thread). Judged by step 2's peak, every later one stopped the training.
+TEST(Checkpoint, AfterTheGovernorShrinksASnapshotThatFitsTheSmallerStepsIsTaken) {
+  const std::string dir = temp_dir("ck-shrunk");
+  const Config c = load_config("", tiny_run({"train.steps=4", "train.val_every=0", "memory.budget=256MiB", "memory.headroom=0.5"}));
+  cli::Run run = run_for(c, dir);
+  struct Crowded : train::Hook {
+    void before_step(train::Trainer& t) override { held = t.state().step == 1 ? at::ones({150 << 20}, at::kByte) : at::Tensor(); }
+    at::Tensor held;
+  };
+  struct SaveAfterStep4 : train::Hook {
+    explicit SaveAfterStep4(std::string p) : path(std::move(p)) {}
+    void after_step(train::Trainer& t) override {
+      if (t.state().step != 4) return;
+      t.save_checkpoint(path, [this] { written_by = std::this_thread::get_id(); });
+      t.wait_for_checkpoints();
+    }
+    std::string path;
+    std::thread::id written_by;
+  };
+  run.trainer->register_hook(std::make_unique<Crowded>());
+  auto save = std::make_unique<SaveAfterStep4>(dir + "/step4.pt");
+  SaveAfterStep4* saved = save.get();
+  run.trainer->register_hook(std::move(save));
+  run.trainer->train();
+  ASSERT_EQ(run.governor->decisions().size(), 1u);
+  EXPECT_EQ(run.governor->decisions()[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(run.governor->decisions()[0].step, 3);
+  EXPECT_NE(saved->written_by, std::thread::id());
+  EXPECT_NE(saved->written_by, std::this_thread::get_id()) << "the training waited for a snapshot that fitted";
+  EXPECT_FALSE(train::checkpoint_config_yaml(dir + "/step4.pt").empty());
+  run.monitor->set_limit(0);  // the allocator is the process's: the next test has no budget
+}
+
 #ifdef HEADROOM_WITH_CUDA
 namespace {
 

@@ -203,6 +203,7 @@ void Governor::shrink(train::Trainer& t, const std::string& reason) {
     const int64_t next = std::max<int64_t>(least(t), m / 2);
     micro_ = next;
     record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason);
+    t.forget_step_peaks();
   }
   monitor(t).release_cache();
   calm_steps_ = 0;
@@ -240,6 +241,7 @@ void Governor::after_step(train::Trainer& t) {
     if (calm_steps_ >= o_.grow_after()) {
       const int64_t next = std::min<int64_t>(m * 2, t.batch());
       micro_ = next;
+      t.forget_step_peaks();
       record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next),
              std::to_string(calm_steps_) + " steps in a row with peak below half of budget - headroom (the last " +
                  format_bytes(double(s.peak_allocated)) + ")");
@@ -300,6 +302,7 @@ bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite sit
 void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure kind) {
   monitor(t).release_cache();
   calm_steps_ = 0;  // every rung, not only a shrink: the step after an OOM starts no calm stretch
+  t.forget_step_peaks();
   const int64_t m = micro_batch(t);
   if (kind == MemoryFailure::library) {
     // Often an allocation failure in disguise: one smaller try each time; at the smallest

@@ -149,6 +149,7 @@ void Trainer::run_step() {
   each_hook([&](Hook& h) { h.after_data(*this); });
   if (monitor_) monitor_->reset_peak();
   const bool writing = checkpoint_writer_.writing();  // then the peak may hold a snapshot too
+  const int64_t forgotten = peaks_forgotten_;
   {
     struct Disarm {  // also when the executor throws: nothing recorded outlives the step
       Trainer& t;
@@ -170,7 +171,8 @@ void Trainer::run_step() {
       shape_peak_ = step_memory_->peak_allocated;
     else
       step_memory_->peak_allocated = std::max(step_memory_->peak_allocated, shape_peak_ + graph_->held_bytes());
-    if (!writing && !checkpoint_writer_.writing()) step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
+    if (!writing && !checkpoint_writer_.writing() && peaks_forgotten_ == forgotten)
+      step_peak_ = std::max(step_peak_, step_memory_->peak_allocated);
   }
   for (const auto& b : batches) state_.images += b.global_size > 0 ? b.global_size : b.size();  // over every rank
   state_.batch += int64_t(batches.size());

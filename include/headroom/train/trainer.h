@@ -155,6 +155,10 @@ class Trainer {
   // This step's memory, sampled from the monitor after the update (peak since the step began);
   // nullopt without a monitor.
   const std::optional<MemoryStats>& step_memory() const { return step_memory_; }
+  // The governor changed what a step holds (micro-batch, recompute, precision): the peaks of the
+  // steps before no longer say what a checkpoint's snapshot must fit beside, nor does the peak of
+  // a step the change was made in. Until a step after it is measured, snapshots are not taken.
+  void forget_step_peaks() { ++peaks_forgotten_; step_peak_ = 0; }
   MemoryMonitor* monitor() { return monitor_.get(); }
 
   const TrainerOptions& options() const { return options_; }
@@ -257,6 +261,7 @@ class Trainer {
   int64_t shape_peak_ = 0;  // the last eager or captured step's peak: a replay allocates nothing, its graph's pool holds as much
   std::optional<MemoryStats> step_memory_;
   int64_t step_peak_ = 0;  // the largest peak of a step run with no snapshot alive: what a CPU or staged snapshot must fit beside
+  int64_t peaks_forgotten_ = 0;  // forget_step_peaks calls: one inside a step leaves its peak out
   bool said_sync_ = false;
 
   std::optional<data::HostBatch> first_batch_;
