@@ -469,6 +469,19 @@ TEST(Planner, RecomputesTheFewestStagesThatFitAndTheRunStaysUnderBudget) {
     else
       EXPECT_EQ(t.model().recompute_setting().stages, stages);
   }
+  // The run `trainer train` builds from the config (memory.activation_checkpointing: auto under
+  // that budget) plans the same stages, and keeps them with memory.governor: false.
+  for (const char* governor : {"true", "false"}) {
+    cli::Run r = run_for(load_config("", tiny_run({"train.steps=3", "train.batch=8", "train.nominal_batch=8", "data.imgsz=128",
+                                                   "memory.activation_checkpointing=auto", "memory.budget=" + std::to_string(budget), "train.val_every=0",
+                                                   std::string("memory.governor=") + governor})),
+                         temp_dir("planner-run"));
+    r.trainer->train();
+    r.monitor->set_limit(0);
+    EXPECT_TRUE(r.governor->decisions().empty()) << "governor " << governor << ": " << r.governor->decisions()[0].reason;
+    EXPECT_EQ(r.trainer->model().recompute_mode(), models::RecomputeMode::stages) << "governor " << governor;
+    EXPECT_EQ(r.trainer->model().recompute_setting().stages, stages) << "governor " << governor;
+  }
 }
 
 TEST(Governor, CudaBudgetIsEnforcedAndAnOomThereIsRecovered) {
