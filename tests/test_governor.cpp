@@ -352,37 +352,35 @@ class PeaksOf : public train::Hook {
 // memory.grow_after counts steps in a row under half of budget - headroom (0.45 of the budget
 // here): a step above it, as a crowded batch gives, starts the count again.
 TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
-  auto monitor = std::make_shared<ScriptedMonitor>();
-  const Config c = load_config("", tiny_run({"train.steps=7", "memory.grow_after=2"}));
-  train::TrainerParts parts = parts_for(c, temp_dir("gov-grow-half"));
-  parts.monitor = monitor;
-  train::Trainer t(std::move(parts));
   const int64_t budget = int64_t(1) << 30;
-  memory::Governor* g = govern(t, memory::governor_options(c, budget));
-  t.register_hook(std::make_unique<PeaksOf>(*monitor, budget, std::vector<double>{0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1}));
-  t.train();
-  ASSERT_EQ(g->decisions().size(), 2u);
-  EXPECT_EQ(g->decisions()[0].action, "micro_batch 4 -> 2");
-  EXPECT_EQ(g->decisions()[1].action, "micro_batch 2 -> 4");
+  // The decisions over a run of one step per scripted peak (a share of the budget), the
+  // allocator retrying in the steps `retried`.
+  const auto decisions = [&](const std::vector<double>& peaks, std::set<int64_t> retried) {
+    auto monitor = std::make_shared<ScriptedMonitor>();
+    const Config c = load_config("", tiny_run({"train.steps=" + std::to_string(peaks.size()), "memory.grow_after=2"}));
+    train::TrainerParts parts = parts_for(c, temp_dir("gov-grow-half"));
+    parts.monitor = monitor;
+    train::Trainer t(std::move(parts));
+    memory::Governor* g = govern(t, memory::governor_options(c, budget));
+    t.register_hook(std::make_unique<PeaksOf>(*monitor, budget, peaks, std::move(retried)));
+    t.train();
+    return g->decisions();
+  };
+  const std::vector<memory::MemoryDecision> d = decisions({0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1}, {});
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].action, "micro_batch 4 -> 2");
+  EXPECT_EQ(d[1].action, "micro_batch 2 -> 4");
   // A decision's step is the first it applies to: the steps run 1, 2, ... with peaks as scripted.
-  EXPECT_EQ(g->decisions()[0].step, 2);
+  EXPECT_EQ(d[0].step, 2);
   // Steps 5 and 6 under half, so from step 7; counting every step since the shrink would have
   // grown from step 4 (steps 2 and 3, the first above half), into step 4's peak above half.
-  EXPECT_EQ(g->decisions()[1].step, 7);
-  EXPECT_NE(g->decisions()[1].reason.find("2 steps in a row"), std::string::npos) << g->decisions()[1].reason;
+  EXPECT_EQ(d[1].step, 7);
+  EXPECT_NE(d[1].reason.find("2 steps in a row"), std::string::npos) << d[1].reason;
   // A step whose allocator had to retry is not calm either: with a retry in step 6, steps 7 and 8.
-  auto retried = std::make_shared<ScriptedMonitor>();
-  const Config longer = load_config("", tiny_run({"train.steps=8", "memory.grow_after=2"}));
-  train::TrainerParts p = parts_for(longer, temp_dir("gov-grow-retry"));
-  p.monitor = retried;
-  train::Trainer u(std::move(p));
-  memory::Governor* h = govern(u, memory::governor_options(longer, budget));
-  u.register_hook(std::make_unique<PeaksOf>(*retried, budget, std::vector<double>{0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1},
-                                            std::set<int64_t>{6}));
-  u.train();
-  ASSERT_EQ(h->decisions().size(), 2u);
-  EXPECT_EQ(h->decisions()[1].action, "micro_batch 2 -> 4");
-  EXPECT_EQ(h->decisions()[1].step, 9);
+  const std::vector<memory::MemoryDecision> r = decisions({0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1}, {6});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1].action, "micro_batch 2 -> 4");
+  EXPECT_EQ(r[1].step, 9);
 }
 
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
