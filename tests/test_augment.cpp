@@ -321,6 +321,42 @@ TEST(Augment, ApplyKeepsSurvivorsFirstWithinTheRowBound) {
   EXPECT_TRUE(at::allclose(same.boxes, s.batch.boxes));
 }
 
+// No box is dropped for want of rows: what survives the transform with no row limit fits the
+// bound the trainer computes from the host counts, over many draws, for batches of 1 to 5
+// images with one crowded image (partners repeat below 4), mosaics zoomed out to show every
+// tile, and mixup. The four largest counts alone are not enough below 4 images: a crowded
+// partner fills three tiles; from 4 images on the partners are distinct.
+TEST(Augment, TheRowBoundHoldsEverySurvivor) {
+  AugmentOptions o;
+  o.mosaic = 1, o.mixup = 0.5, o.scale = 0.5;
+  bool repeats_overflowed_four_largest = false;
+  for (int64_t B = 1; B <= 5; ++B) {
+    Synthetic s = synthetic(B, 12, 96, 20 + uint64_t(B), 4, 10);  // 12 small boxes on image 0, 2 on the others
+    at::Tensor counts = at::full({B}, 2, at::kLong);
+    counts[0] = 12;
+    for (int64_t b = 1; b < B; ++b) {
+      s.batch.classes[b].narrow(0, 2, 10).fill_(-1);
+      s.batch.boxes[b].narrow(0, 2, 10).zero_();
+    }
+    for (uint64_t key = 0; key < 40; ++key) {
+      const augment::Params p = augment::draw_params(o, inputs(s, 96, key));
+      const augment::Batch out = augment::apply(p, o, s.batch, int64_t(1) << 20);
+      const int64_t survivors = (out.classes >= 0).sum(1).max().item<int64_t>();
+      const int64_t bound = augment::row_bound(p, counts);
+      EXPECT_LE(survivors, bound) << B << " images, key " << key;
+      const int64_t four_largest = std::min<int64_t>(12 + 2 * std::min<int64_t>(B - 1, 3), 12 + 2 * (p.tiles - 1)) * (p.any_mixup ? 2 : 1);
+      if (B < 4 && survivors > four_largest) repeats_overflowed_four_largest = true;
+      if (B >= 4) {  // a mosaic's four images are distinct
+        for (int64_t b = 0; b < B; ++b) {
+          const at::Tensor row = p.sources[b];
+          EXPECT_EQ(std::get<0>(at::_unique(row)).numel(), 4) << B << " images, key " << key << ": " << row;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(repeats_overflowed_four_largest) << "no draw reached the edge this test is for";
+}
+
 TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   AugmentOptions o;
   o.multi_scale = 0.5;

@@ -167,6 +167,28 @@ struct MosaicCentre {
   at::Tensor xc, yc;
 };
 
+// The three other images of a mosaic ([B, 3] of u [B, 3] uniform in [0, 1)), as offsets 1 ..
+// B - 1 from the image. From 4 images on they are distinct (a draw past the ones taken, so each
+// is uniform over the rest): a mosaic's rows are then at most the batch's four largest counts.
+// With fewer, images repeat.
+at::Tensor mosaic_partners(const at::Tensor& u, const at::Tensor& self, int64_t B) {
+  const auto pick = [&](int64_t k, int64_t choices) {  // [B] in 0 .. choices - 1
+    return (u.select(1, k) * double(choices)).to(at::kLong).clamp_max(choices - 1);
+  };
+  at::Tensor offsets;
+  if (B >= 4) {
+    const at::Tensor a = pick(0, B - 1), b0 = pick(1, B - 2), c0 = pick(2, B - 3);
+    const at::Tensor b = b0 + (b0 >= a).to(at::kLong);
+    const at::Tensor lo = at::minimum(a, b), hi = at::maximum(a, b);
+    at::Tensor c = c0 + (c0 >= lo).to(at::kLong);
+    c = c + (c >= hi).to(at::kLong);
+    offsets = at::stack({a, b, c}, 1);
+  } else {
+    offsets = (u * double(std::max<int64_t>(B - 1, 1))).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0));
+  }
+  return at::remainder(self.unsqueeze(1) + 1 + offsets, std::max<int64_t>(B, 1));
+}
+
 // Mosaic: the image and three others of the batch in a 2x2 tile canvas, the canvas centre
 // at (xc, yc) uniform in [S/2, 3S/2] (Ultralytics' mosaic border). Sets tiles, mosaic and sources.
 MosaicCentre draw_mosaic(const AugmentOptions& o, const DrawInputs& in, const BatchConsts& c, Draws& d, Params& p) {
@@ -176,8 +198,7 @@ MosaicCentre draw_mosaic(const AugmentOptions& o, const DrawInputs& in, const Ba
   p.tiles = mosaic_on ? 4 : 1;
   const at::Tensor mosaic_draw = d.chance(o.mosaic);
   p.mosaic = mosaic_on ? mosaic_draw : c.off;
-  const at::Tensor others = at::remainder(self.unsqueeze(1) + 1 + (d.take(3) * std::max<int64_t>(B - 1, 1)).to(at::kLong).clamp_max(std::max<int64_t>(B - 2, 0)), std::max<int64_t>(B, 1));
-  p.sources = mosaic_on ? at::cat({self.unsqueeze(1), others}, 1) : self.unsqueeze(1);
+  p.sources = mosaic_on ? at::cat({self.unsqueeze(1), mosaic_partners(d.take(3), self, B)}, 1) : self.unsqueeze(1);
   const at::Tensor xc = d.uniform(0.5 * S, 1.5 * S), yc = d.uniform(0.5 * S, 1.5 * S);
   return {mosaic_on, xc, yc};
 }
@@ -494,7 +515,7 @@ int64_t Augmenter::max_output_size(int64_t in_size) const {
 }
 
 Batch Augmenter::operator()(const data::HostBatch& batch, c10::Device device) const {
-  const int64_t B = batch.size(), S = batch.images.size(2);
+  const int64_t S = batch.images.size(2);
   // Everything comes from the loader's (pinned, on CUDA runs) host tensors: no copy blocks.
   Batch in{batch.images.to(device, true), batch.boxes.to(device, true), batch.classes.to(device, true), batch.crowd.to(device, true)};
   DrawInputs d;
@@ -507,14 +528,19 @@ Batch Augmenter::operator()(const data::HostBatch& batch, c10::Device device) co
   d.key = epoch_key(seed_, batch.epoch);
   d.mosaic = mosaic_in_epoch(batch.epoch);
   const Params p = draw_params(o_, d);
-  // Rows an image can end with, from the host counts: its own, or a mosaic's four largest,
-  // twice that with mixup.
-  std::vector<int64_t> counts(batch.counts.data_ptr<int64_t>(), batch.counts.data_ptr<int64_t>() + B);
-  std::sort(counts.rbegin(), counts.rend());
+  return apply(p, o_, in, row_bound(p, batch.counts));
+}
+
+int64_t row_bound(const Params& p, const at::Tensor& counts) {
+  std::vector<int64_t> c(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  std::sort(c.rbegin(), c.rend());
+  const int64_t B = int64_t(c.size());
   int64_t rows = 0;
-  for (int64_t i = 0; i < std::min<int64_t>(p.tiles, B); ++i) rows += counts[i];
-  if (p.any_mixup) rows *= 2;
-  return apply(p, o_, in, rows);
+  if (B > 0 && p.tiles > 1 && B < p.tiles)
+    rows = p.tiles * c[0];  // partners repeat: any tile may be the most crowded image
+  else
+    for (int64_t i = 0; i < std::min<int64_t>(p.tiles, B); ++i) rows += c[size_t(i)];
+  return p.any_mixup ? 2 * rows : rows;
 }
 
 data::HostBatch to_host_batch(const Batch& b, const data::HostBatch& like) {

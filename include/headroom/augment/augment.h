@@ -100,6 +100,11 @@ at::Tensor shift_hsv_reference(const at::Tensor& x, const at::Tensor& hue_shift,
 
 // The whole transform. max_boxes bounds the rows kept per image (valid rows first, padding -1).
 Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t max_boxes);
+// The rows an image of the batch can end with, from the loader's host counts ([B] int64): its
+// own count; with mosaics the four largest (partners are distinct from 4 images on), four times
+// the largest in a batch of fewer; twice that with mixup. Known without a device sync, and never
+// below what survives, so apply drops no box.
+int64_t row_bound(const Params& p, const at::Tensor& counts);
 
 struct AugmenterOptions {
   TORCH_ARG(AugmentOptions, policy) = {};   // what to draw, in either vocabulary
