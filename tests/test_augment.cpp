@@ -357,6 +357,24 @@ TEST(Augment, TheRowBoundHoldsEverySurvivor) {
   EXPECT_TRUE(repeats_overflowed_four_largest) << "no draw reached the edge this test is for";
 }
 
+// Each parameter has its slot whatever the compiler: the colour draws of a fixed key, with
+// every colour option on, as GCC's builds have drawn them since the draws were named (operands
+// of one expression evaluate in an order the compiler chooses).
+TEST(Augment, TheColourDrawsAreTheSameOnEveryCompiler) {
+  AugmentOptions o;
+  o.hsv_h = 0.015, o.hsv_s = 0.7, o.hsv_v = 0.4, o.hsv_p = 1;
+  o.random_adjust_brightness.enabled = o.random_adjust_contrast.enabled = true;
+  o.random_adjust_hue.enabled = o.random_adjust_saturation.enabled = true;
+  const Synthetic s = synthetic(3, 1, 64, 5);
+  const augment::Params p = augment::draw_params(o, inputs(s, 64, 11, false));
+  const auto near = [](const at::Tensor& got, std::vector<double> want) {
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[int64_t(i)].item<double>(), want[i], 1e-6) << "image " << i;
+  };
+  near(p.brightness, {-0.0063257, -0.1324019, -0.0661830});
+  near(p.hue, {0.0221304, -0.0036881, -0.0050730});
+  near(p.saturation, {1.1067337, 0.6947891, 0.8367321});
+}
+
 TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   AugmentOptions o;
   o.multi_scale = 0.5;

@@ -329,8 +329,12 @@ void draw_colour(const AugmentOptions& o, const BatchConsts& c, Draws& d, Params
   const auto& fopt = c.fopt;
   const at::Tensor& off = c.off;
   const auto gated = [&](bool enabled, double prob) { return (d.chance(prob) & (enabled ? at::ones({B}, fopt.dtype(at::kBool)) : off)).to(at::kFloat); };
+  // One draw per statement: each takes the next slot, and the operands of one expression are
+  // evaluated in an order the compiler chooses. The order is the one GCC gave (right operand
+  // first), so runs and their resumes keep their draws.
   const TfDelta& br = o.random_adjust_brightness;
-  p.brightness = d.uniform(-br.max_delta, br.max_delta) * gated(br.enabled, br.probability);
+  const at::Tensor br_on = gated(br.enabled, br.probability);
+  p.brightness = d.uniform(-br.max_delta, br.max_delta) * br_on;
   const TfFactor& ct = o.random_adjust_contrast;
   const at::Tensor ct_on = gated(ct.enabled, ct.probability);
   p.contrast = 1 + (d.uniform(ct.min_delta, ct.max_delta) - 1) * ct_on;
@@ -338,8 +342,10 @@ void draw_colour(const AugmentOptions& o, const BatchConsts& c, Draws& d, Params
   const TfFactor& sa = o.random_adjust_saturation;
   const at::Tensor hue_on = gated(hu.enabled, hu.probability), sat_on = gated(sa.enabled, sa.probability);
   const at::Tensor hsv_on = gated(o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0, o.hsv_p);
-  p.hue = d.uniform(-hu.max_delta, hu.max_delta) * hue_on + d.uniform(-o.hsv_h, o.hsv_h) * hsv_on;
-  p.saturation = (1 + (d.uniform(sa.min_delta, sa.max_delta) - 1) * sat_on) * (1 + d.uniform(-o.hsv_s, o.hsv_s) * hsv_on);
+  const at::Tensor hsv_hue = d.uniform(-o.hsv_h, o.hsv_h);
+  p.hue = d.uniform(-hu.max_delta, hu.max_delta) * hue_on + hsv_hue * hsv_on;
+  const at::Tensor hsv_sat = d.uniform(-o.hsv_s, o.hsv_s);
+  p.saturation = (1 + (d.uniform(sa.min_delta, sa.max_delta) - 1) * sat_on) * (1 + hsv_sat * hsv_on);
   p.value = 1 + d.uniform(-o.hsv_v, o.hsv_v) * hsv_on;
   p.any_contrast = ct.enabled || br.enabled;
   p.any_hsv = hu.enabled || sa.enabled || o.hsv_h > 0 || o.hsv_s > 0 || o.hsv_v > 0;
