@@ -262,8 +262,10 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
 
 // A rank of the tests below, started by run_ranks with torchrun's variables and
 // HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory, a
-// `press` file makes its memory ask for a smaller micro-batch);
-// skipped otherwise. BatchNorm is frozen: the ranks' result is one process's up to rounding.
+// `press` file makes its memory ask for a smaller micro-batch, a `micro` file holds the
+// governor's micro-batch, a `live_bn` file leaves BatchNorm training);
+// skipped otherwise. BatchNorm is frozen unless asked: the ranks' result is then one process's
+// up to rounding.
 TEST(DistributedWorker, TrainsAsItsRank) {
   const char* dir_env = std::getenv("HEADROOM_TEST_WORKER_DIR");
   if (!dir_env) GTEST_SKIP() << "a rank of Distributed.* tests, started by them";
@@ -279,7 +281,8 @@ TEST(DistributedWorker, TrainsAsItsRank) {
   cli::Run run = cli::build_run(c, cpu, o);  // the run `trainer train` builds: the governor runs its steps
   train::Trainer& t = *run.trainer;
   const memory::Governor* g = run.governor;
-  t.register_hook(std::make_unique<EvalModeBatchNorm>());
+  if (!fs::exists(dir + "/live_bn")) t.register_hook(std::make_unique<EvalModeBatchNorm>());
+  if (fs::exists(dir + "/micro")) run.governor->set_micro_batch(std::stoll(read_bytes(dir + "/micro")));
   // Rank 1 alone runs out of memory 150 allocations into step 2.
   class OomOnRank1 : public train::Hook {
    public:
@@ -452,4 +455,27 @@ TEST(Distributed, MemoryPressureOnOneRankShrinksEveryRankAndNothingGrowsBack) {
   EXPECT_NE(read_bytes(dir + "/rank0.txt").find("memory pressure on rank 1"), std::string::npos) << read_bytes(dir + "/rank0.txt");
   EXPECT_NE(read_bytes(dir + "/rank1.txt").find("crossed budget - headroom"), std::string::npos) << read_bytes(dir + "/rank1.txt");
   EXPECT_EQ(read_bytes(dir + "/rank0.txt").substr(0, 2), read_bytes(dir + "/rank1.txt").substr(0, 2));  // the same step
+}
+
+// With SyncBatchNorm every rank runs as many parts as the rank with the largest share, one
+// exchange each. 25 images in global batches of 16 end in a batch of 9: shares of 5 and 4, in
+// micro-batches of 2 cut as 2, 2, 1 and 2, 1, 1. Cut on its own, the smaller share was 2, 2 and
+// the ranks waited on each other's exchanges until the timeout. The ranks end alike.
+TEST(Distributed, SyncBatchNormRanksWithUnevenSharesRunTheSameParts) {
+  const std::string dir = temp_dir("dist-uneven");
+  const std::string yaml = copy_of_small_synth("dist-uneven-data");
+  const fs::path root = fs::path(yaml).parent_path();
+  fs::remove(root / "images/train/im000000.jpg");
+  fs::remove(root / "labels/train/im000000.txt");
+  std::vector<std::string> ranks = exact_run({"train.epochs=1", "train.val_every=0", "distributed.timeout=30", "train.batch=8",
+                                              "train.nominal_batch=16", "data.dataset=" + yaml},
+                                             "yolov8.yaml");
+  config_file(dir, ranks);
+  write_bytes(dir + "/micro", "2");
+  write_bytes(dir + "/live_bn", "");
+  ASSERT_TRUE(run_ranks(dir));
+  std::vector<at::Tensor> r0, r1;
+  torch::load(r0, dir + "/rank0.pt");
+  torch::load(r1, dir + "/rank1.pt");
+  EXPECT_LE(relative_difference(r0, r1), 1e-6);
 }

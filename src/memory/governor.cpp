@@ -98,7 +98,7 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
         // rank (SyncBatchNorm exchanges once per part).
         const int64_t n = in.batches[b].images.size(0), largest = std::max<int64_t>(batches[b].largest_share, n);
         std::vector<int64_t> parts = split(largest, micro, least(t));
-        if (largest != n) parts = split(n, (n + int64_t(parts.size()) - 1) / int64_t(parts.size()), 1);
+        if (largest != n) parts = distribute(n, int64_t(parts.size()));
         apply_plan(t, in.batches[b].images.size(2), parts.front());
         int64_t start = 0;
         for (int64_t m : parts) {
@@ -156,7 +156,10 @@ int64_t Governor::parts(int64_t n, int64_t micro, int64_t smallest) {
 }
 
 std::vector<int64_t> Governor::split(int64_t n, int64_t micro, int64_t smallest) {
-  const int64_t parts = Governor::parts(n, micro, smallest);
+  return distribute(n, Governor::parts(n, micro, smallest));
+}
+
+std::vector<int64_t> Governor::distribute(int64_t n, int64_t parts) {
   std::vector<int64_t> out(size_t(parts), n / parts);
   for (int64_t i = 0; i < n % parts; ++i) ++out[size_t(i)];  // the larger parts first: the plan is made for them
   return out;
