@@ -94,14 +94,15 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       const train::StepInput in = t.prepare_step(batches);
       const int64_t micro = micro_batch(t);
       for (size_t b = 0; b < in.batches.size(); ++b) {
-        // Parts cut from the largest share of the batch any rank has: the same count on every
-        // rank (SyncBatchNorm exchanges once per part).
+        // As many parts on every rank (SyncBatchNorm exchanges once per part): counted from the
+        // largest share of the batch any rank has, and no more than the smallest share's images
+        // (shares differ by one at most), so that no part is empty.
         const int64_t n = in.batches[b].images.size(0), largest = std::max<int64_t>(batches[b].largest_share, n);
-        std::vector<int64_t> parts = split(largest, micro, least(t));
-        if (largest != n) parts = distribute(n, int64_t(parts.size()));
-        apply_plan(t, in.batches[b].images.size(2), parts.front());
+        const int64_t smallest = batches[b].global_size > 0 ? batches[b].global_size / t.world() : n;
+        const std::vector<int64_t> cut = distribute(n, std::max<int64_t>(1, std::min(parts(largest, micro, least(t)), smallest)));
+        apply_plan(t, in.batches[b].images.size(2), cut.front());
         int64_t start = 0;
-        for (int64_t m : parts) {
+        for (int64_t m : cut) {
           t.forward_backward(in, b, start, m);
           start += m;
         }

@@ -2,6 +2,7 @@
 #include "headroom/train/step.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/batchnorm.h>
 
 #include <algorithm>
 
@@ -208,7 +209,20 @@ StepAgreement Trainer::agree_step(bool failed, bool pressed) {
 }
 
 void Trainer::abandon_step() {
-  if (exchange_) exchange_->abandon(state_.step);
+  if (!exchange_) return;
+  // SyncBatchNorm exchanges inside the forward and backward: the other ranks wait in one this
+  // rank cannot join, so no rank can undo the attempt. Stopping ends the wait (the launcher
+  // stops the others; a lost peer ends their exchange) where going on would hang until the timeout.
+  bool live_batchnorm = false;
+  for (const auto& m : model_->modules(/*include_self=*/false))
+    if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(m.get())) live_batchnorm = live_batchnorm || bn->is_training();
+  if (options_.sync_bn() && live_batchnorm)
+    throw Error("rank " + std::to_string(rank()) + ": out of memory in step " + std::to_string(state_.step + 1) +
+                " with SyncBatchNorm (distributed.sync_bn: true): the other ranks wait in its exchanges inside the forward and "
+                "backward, which this rank cannot join, so the step cannot be undone on every rank and the run stops; the last "
+                "checkpoint is intact. Lower train.batch, or set distributed.sync_bn: false, with which an out-of-memory error "
+                "on one rank shrinks the micro-batch of every rank");
+  exchange_->abandon(state_.step);
 }
 
 void DirectExecutor::run(Trainer& t, const std::vector<data::HostBatch>& batches) {

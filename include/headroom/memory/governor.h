@@ -83,8 +83,8 @@ class Governor final : public train::Hook, public train::StepExecutor {
   // below `smallest` where n allows it (7 by 2 with least 2: 3, 2, 2 — not 2, 2, 2, 1).
   static std::vector<int64_t> split(int64_t n, int64_t micro, int64_t smallest);
   static int64_t parts(int64_t n, int64_t micro, int64_t smallest);  // how many split makes
-  // n images in exactly `parts` parts, the larger first (empty ones where n < parts): a rank
-  // with a smaller share runs as many parts as the largest, SyncBatchNorm exchanging once each.
+  // n images in exactly `parts` parts (n >= parts), the larger first: every rank cuts its share
+  // of a batch into as many parts, SyncBatchNorm exchanging once each.
   static std::vector<int64_t> distribute(int64_t n, int64_t parts);
   void set_micro_batch(int64_t images) { micro_ = images; }
   const std::vector<MemoryDecision>& decisions() const { return decisions_; }
