@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <regex>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -165,6 +166,28 @@ TEST(Distributed, OneStepOfTwoRanksIsOneStepOfOneRankWithTwiceTheBatch) {
         EXPECT_NEAR(y[i], x[i], 1e-4 * std::max(1.0, std::abs(x[i]))) << model << " " << name << " epoch " << i + 1;
     }
   }
+}
+
+// train.batch: auto on several ranks: every rank probes, all take the smallest micro-batch any
+// chose, and each loads its share of the nominal batch (9 on 2 ranks: 5 each, a step of 10).
+TEST(Distributed, AutoBatchOnTwoRanksTakesOneMicroBatchAndSharesTheStep) {
+  const std::string dir = temp_dir("dist-auto-batch");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=auto", "train.steps=2", "train.val_every=0",
+                                                      "train.batch=auto", "train.nominal_batch=9", "memory.budget=256MiB",
+                                                      "distributed.sync_bn=false"},
+                                                     "yolov8.yaml"));
+  const RunResult r = run_trainer("train --config " + cfg + " --nproc 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("train\\.batch auto: micro-batch ([0-9]+) under"))) << r.output;
+  EXPECT_LE(std::stoi(m[1]), 5);
+  EXPECT_NE(r.output.find("loader batches of 5 images on each of 2 ranks, each one optimizer step of 10 images (train.nominal_batch 9 "
+                          "rounded up to a whole share per rank)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("loader batch 5 x 2 ranks"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("makes it exact"), std::string::npos) << r.output;  // auto cannot, on 2 ranks
+  EXPECT_NE(read_bytes(dir + "/runs/auto/config.yaml").find("batch: 5\n"), std::string::npos) << read_bytes(dir + "/runs/auto/config.yaml");
 }
 
 TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {

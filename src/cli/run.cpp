@@ -31,14 +31,18 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
     tried += fmt::format("{}{}{}: {} (predicted {}{})", tried.empty() ? "" : ", ", t.batch, t.every_stage ? " every stage" : "",
                          t.peak < 0 ? std::string("out of memory") : format_bytes(double(t.peak)), format_bytes(double(t.predicted)),
                          t.images_per_second > 0 ? fmt::format("; timed {:.2f} img/s", t.images_per_second) : std::string());
-  spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images, "
+  // The step is every rank's loader batch: the nominal batch, rounded up to a whole share per
+  // rank, or the training images where they are fewer.
+  const int64_t W = group ? group->world() : 1, step = a.step_batch * W, nominal = c.train.nominal_batch;
+  spdlog::info("train.batch auto: micro-batch {} under {} of the {} budget ({}; steps tried: {}); loader batches of {} images{}, "
                "each one optimizer step{}. The choices weighed:{}",
                a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
                a.planner ? "memory.prefer " + c.memory.prefer : std::string("the largest that fits"), tried, a.step_batch,
-               a.step_batch == c.train.nominal_batch
-                   ? fmt::format(" of exactly train.nominal_batch {}", c.train.nominal_batch)
-                   : fmt::format(" (train.nominal_batch {} is more than the {} training images)", c.train.nominal_batch,
-                                 train_split->samples.size()),
+               W > 1 ? fmt::format(" on each of {} ranks", W) : std::string(),
+               step == nominal ? fmt::format(" of exactly train.nominal_batch {}", nominal)
+               : step > nominal
+                   ? fmt::format(" of {} images (train.nominal_batch {} rounded up to a whole share per rank)", step, nominal)
+                   : fmt::format(" (train.nominal_batch {} is more than the {} training images)", nominal, train_split->samples.size()),
                memory::format_batch_options(a));
   return a;
 }
@@ -116,11 +120,13 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
     trainer.state().val_batch = micro;  // validation at the size training fits (a resume restores its own)
   }
   const int64_t per_step = trainer.batch() * trainer.world() * trainer.accumulate();
-  if (per_step != c.train.nominal_batch)
-    spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} (a batch that "
-                 "divides it, or train.batch=auto, makes it exact)",
+  if (per_step != c.train.nominal_batch && micro == 0)  // train.batch auto has said what its step is
+    spdlog::info("train.batch {}{} with accumulation {}: {} images per optimizer step, not train.nominal_batch {} ({})",
                  trainer.batch(), trainer.world() > 1 ? fmt::format(" on each of {} ranks", trainer.world()) : "",
-                 trainer.accumulate(), per_step, c.train.nominal_batch);
+                 trainer.accumulate(), per_step, c.train.nominal_batch,
+                 c.train.nominal_batch % trainer.world() != 0
+                     ? fmt::format("a nominal batch that is a multiple of the {} ranks can be exact", trainer.world())
+                     : std::string("a batch that divides it, or train.batch=auto, makes it exact"));
   trainer.set_executor(run.governor);
   trainer.register_hook(std::move(governor));
   trainer.register_hook(std::make_unique<memory::StarvationHook>(memory::starvation_options(c)));
