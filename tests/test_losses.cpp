@@ -207,6 +207,9 @@ TEST(YoloLoss, Yolov5NoObjectsIsObjectnessOnly) {
   EXPECT_NEAR(item(l, "obj"), std::log(2.0) * 5.4 * 0.01, 1e-6);
   EXPECT_EQ(item(l, "box"), 0);
   EXPECT_EQ(item(l, "cls"), 0);
+  // A run of data.imgsz 128 keeps its gain, (128 / 640)^2, on a multi-scale batch of 64 px.
+  const BatchLoss run = batch_loss(*make_loss(info, loss_options(load_config("", {"data.imgsz=128"}))), {{"pred", preds}}, t, 64, 64);
+  EXPECT_NEAR(item(run, "obj"), std::log(2.0) * 5.4 * 0.04, 1e-6);
 }
 
 TEST(YoloLoss, GradientsReachEveryHeadOutput) {
@@ -308,6 +311,33 @@ TEST(CenterNet, LossAveragesStacksAndUsesTheTfWeights) {
   EXPECT_NEAR(item(two, "size"), 0.1 * 0.5 * 1.0, 1e-4);
   const CenterNetTargets ct = centernet_targets(boxes, t.classes, t.mask, 3, 32, 32, 4, 0.7);
   EXPECT_NEAR(item(one, "heatmap"), 2.0 * centernet_focal_loss(heat, ct.heatmap).item<double>(), 1e-6);
+}
+
+// loss.assigner_chunk bounds the heatmap's drawing too: 2,000 centres on a 128 x 128 output drawn
+// a few at a time stay far below drawing them all at once (131 MB of Gaussians), with the same loss.
+TEST(CenterNet, TheHeatmapIsDrawnInChunksOfTheLossOption) {
+  auto& alloc = memory::CachingCpuAllocator::install();
+  models::DetectorInfo info;
+  info.family = "centernet";
+  info.nc = 1;
+  info.strides = {4};
+  const int64_t N = 2000;
+  const at::Tensor xy = at::rand({1, N, 2}) * 480;
+  const at::Tensor boxes = at::cat({xy, xy + 8 + at::rand({1, N, 2}) * 24}, -1);
+  const Targets t{boxes, at::zeros({1, N}, at::kLong), at::ones({1, N}, at::kBool)};
+  const models::HeadOutputs out{{"heatmap", {at::zeros({1, 1, 128, 128})}}, {"size", {at::zeros({1, 2, 128, 128})}},
+                                {"offset", {at::zeros({1, 2, 128, 128})}}};
+  double loss[2];
+  int64_t peak[2];
+  for (int k = 0; k < 2; ++k) {
+    const auto l = make_loss(info, LossOptions().assigner_chunk(k == 0 ? int64_t(1) << 16 : int64_t(1) << 30));
+    const auto m = memory::measure_cpu_step([&] { loss[k] = item(batch_loss(*l, out, t, 512, 512), "heatmap"); });
+    peak[k] = m.above_baseline();
+  }
+  EXPECT_DOUBLE_EQ(loss[0], loss[1]);
+  EXPECT_GT(peak[1], int64_t(N) * 128 * 128 * 4);
+  EXPECT_LT(peak[0], peak[1] / 4) << "chunked " << peak[0] << " vs whole " << peak[1];
+  (void)alloc;
 }
 
 // The adapter carries every key of the loss section, and the options' own defaults are the

@@ -120,7 +120,7 @@ class CenterNetLoss : public DetectionLoss {
 
  private:
   CenterNetTargets targets(const Targets& t, int64_t H, int64_t W) const {
-    return centernet_targets(t.boxes, t.classes, t.mask, info_.nc, H, W, info_.strides[0], o_.min_overlap());
+    return centernet_targets(t.boxes, t.classes, t.mask, info_.nc, H, W, info_.strides[0], o_.min_overlap(), o_.assigner_chunk());
   }
 
   models::DetectorInfo info_;

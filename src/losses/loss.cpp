@@ -41,6 +41,7 @@ LossOptions loss_options(const Config& c) {
       .tal_beta(l.tal_beta)
       .assigner_chunk(l.assigner_chunk)
       .obj(l.obj)
+      .imgsz(c.data.imgsz)
       .anchor_t(l.anchor_t)
       .heatmap_weight(l.task_loss_weight)
       .size_weight(l.scale_loss_weight)

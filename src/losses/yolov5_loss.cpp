@@ -44,8 +44,9 @@ class Yolov5Loss : public DetectionLoss {
     const int64_t nc = info_.nc, N = t.boxes.size(1);
     const auto fopt = preds[0].options().dtype(at::kFloat);
     const std::vector<double> balance = nl == 3 ? std::vector<double>{4.0, 1.0, 0.4} : std::vector<double>{4.0, 1.0, 0.25, 0.06, 0.02};
-    // Ultralytics scales the gains by the number of levels, classes and the image size.
-    const double imgsz = double(preds[0].size(3) * info_.strides[0]);
+    // Ultralytics scales the gains by the number of levels, classes and the image size: the
+    // run's, not a multi-scale batch's own.
+    const double imgsz = o_.imgsz() > 0 ? double(o_.imgsz()) : double(preds[0].size(3) * info_.strides[0]);
     const double box_gain = (o_.box() >= 0 ? o_.box() : 0.05) * 3.0 / double(nl);
     const double cls_gain = o_.cls() * double(nc) / 80.0 * 3.0 / double(nl);
     const double obj_gain = o_.obj() * (imgsz / 640.0) * (imgsz / 640.0) * 3.0 / double(nl);

@@ -73,6 +73,7 @@ struct LossOptions {
   TORCH_ARG(double, tal_beta) = 6.0;
   TORCH_ARG(int64_t, assigner_chunk) = int64_t(1) << 23;  // elements of one [batch, boxes, anchors] block
   TORCH_ARG(double, obj) = 1.0;            // YOLOv5
+  TORCH_ARG(int64_t, imgsz) = 0;           // data.imgsz, which YOLOv5's objectness gain scales with (0: each batch's own size)
   TORCH_ARG(double, anchor_t) = 4.0;
   TORCH_ARG(double, heatmap_weight) = 1.0; // CenterNet (TF task_loss_weight)
   TORCH_ARG(double, size_weight) = 0.1;    // (scale_loss_weight)
