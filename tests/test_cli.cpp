@@ -110,6 +110,15 @@ TEST(Cli, DataPreviewDrawsAugmentedBatches) {
   EXPECT_EQ(j.find("images")->as_number(), 16);
   EXPECT_TRUE(j.find("augment")->as_bool());
   EXPECT_GT(j.find("boxes_after")->as_number(), j.find("boxes_before")->as_number());  // mosaics gather boxes
+  EXPECT_TRUE(j.find("mosaic")->as_bool());
+  // close_mosaic counts back from the run's last epoch, train.steps included: 8 steps of the 26
+  // images in batches of 8 (4 a epoch) are 2 epochs, the second (--epoch 1) without mosaics.
+  for (const auto& [epoch, mosaic] : std::vector<std::pair<int, bool>>{{0, true}, {1, false}}) {
+    r = test::run_trainer("data preview --config " + cfg + " --out " + dir + "/c.png --json --epoch " + std::to_string(epoch) +
+                          " train.steps=8 train.nominal_batch=8 augment.close_mosaic=1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Json::parse(r.output, "stdout").find("mosaic")->as_bool(), mosaic) << "epoch " << epoch;
+  }
   test::write_bytes(cfg, "data: {dataset: " + test::small_synth() + "}\naugment: {random_crop_image: {min_area: 2}}\n");
   r = test::run_trainer("data preview --config " + cfg);
   EXPECT_EQ(r.exit_code, 2);

@@ -12,6 +12,7 @@
 #include "headroom/data/loader.h"
 #include "headroom/data/synth.h"
 #include "headroom/models/detector.h"
+#include "headroom/train/parts.h"
 #include "headroom/train/plots.h"
 #include "headroom/interop/init_from.h"
 
@@ -137,8 +138,10 @@ void add_preview(CLI::App& data, int& exit_code) {
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
     // The input multiple (for multi-scale sizes) is the model's; building it is only needed then.
     const int64_t multiple = c.augment.multi_scale > 0 ? interop::run_model(c, int64_t(split->names.size()))->info().input_multiple : 32;
-    const augment::Augmenter aug(augment::augmenter_options(c, multiple, c.train.epochs));
-    data::Loader loader(split, data::loader_options(c, *split, /*training=*/true, device.device.is_cuda()));
+    const data::LoaderOptions lo = data::loader_options(c, *split, /*training=*/true, device.device.is_cuda());
+    // close_mosaic counts back from the run's last epoch, as training counts it (train.steps included).
+    const augment::Augmenter aug(augment::augmenter_options(c, multiple, train::run_epochs(c, lo, int64_t(split->samples.size()))));
+    data::Loader loader(split, lo);
     loader.start(epoch, 0);
     Json files = Json::array();
     int64_t boxes_in = 0, boxes_out = 0, images = 0;
@@ -168,6 +171,7 @@ void add_preview(CLI::App& data, int& exit_code) {
       j["boxes_before"] = boxes_in;
       j["boxes_after"] = boxes_out;
       j["augment"] = augment::enabled(c.augment);
+      j["mosaic"] = augment::enabled(c.augment) && c.augment.mosaic > 0 && aug.mosaic_in_epoch(epoch);
       j["device"] = device.device.str();
       print_json(j);
     }

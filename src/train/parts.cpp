@@ -97,6 +97,13 @@ RunLength run_length(const TrainerOptions& o, int64_t batch, int64_t batches_per
   return r;
 }
 
+int64_t run_epochs(const Config& c, const data::LoaderOptions& loader, int64_t images) {
+  const int64_t W = loader.world();
+  const int64_t batches = data::Loader::batches_in(images, loader.batch() * W, loader.drop_last(), loader.min_batch() * W);
+  const TrainerOptions o = TrainerOptions().nominal_batch(c.train.nominal_batch).epochs(c.train.epochs).steps(c.train.steps).world(W);
+  return run_length(o, loader.batch(), batches).epochs;
+}
+
 TrainerParts make_trainer_parts(const Config& c, c10::Device device, const std::string& run_dir) {
   return make_trainer_parts(c, device, run_dir, std::make_shared<const data::Split>(data::load_split(c, "train")), load_val_split(c));
 }
@@ -162,13 +169,9 @@ TrainerParts make_trainer_parts(const Config& config, c10::Device device, const 
   }
   if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
   p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
-  if (augment::enabled(c.augment)) {
-    const int64_t W = p.loader.world();
-    const int64_t batches = data::Loader::batches_in(int64_t(p.train_split->samples.size()), p.loader.batch() * W,
-                                                     p.loader.drop_last(), p.loader.min_batch() * W);
+  if (augment::enabled(c.augment))
     p.augmenter = std::make_unique<augment::Augmenter>(
-        augment::augmenter_options(c, p.model->info().input_multiple, run_length(p.options, p.loader.batch(), batches).epochs));
-  }
+        augment::augmenter_options(c, p.model->info().input_multiple, run_epochs(c, p.loader, int64_t(p.train_split->samples.size()))));
   return p;
 }
 

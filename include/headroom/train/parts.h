@@ -77,6 +77,9 @@ struct RunLength {
 };
 // batch: images per loader batch on each rank.
 RunLength run_length(const TrainerOptions& o, int64_t batch, int64_t batches_per_epoch);
+// The epochs a run of this config lasts with these loader options over `images` training images
+// (train.steps rounded up to whole epochs): what close_mosaic counts back from.
+int64_t run_epochs(const Config& c, const data::LoaderOptions& loader, int64_t images);
 // Loader batches summed per optimizer step: Ultralytics' max(round(nominal / batch), 1), where
 // batch is the images of one loader batch over all ranks.
 int64_t accumulation_steps(int64_t nominal_batch, int64_t batch);
