@@ -380,6 +380,29 @@ TEST(Ema, FollowsTheDecayRamp) {
   EXPECT_EQ(averaged[bn + "num_batches_tracked"].item<int64_t>(), 7) << bn;
 }
 
+// TF's ramp (train.ema_ramp: tf, what a TF OD API pipeline's use_moving_average maps to): the
+// decay at update u is min(decay, (1 + u) / (10 + u)), as TF's ExponentialMovingAverage with
+// dynamic decay: 2/11 at the first update, the configured decay from about 9 / (1 - decay).
+TEST(Ema, TheTfRampIsTfsDynamicDecay) {
+  models::ModelSpec spec;
+  spec.file = std::string(HEADROOM_SOURCE_DIR) + "/models/yolov8.yaml";
+  spec.scale = "n";
+  spec.nc = 2;
+  models::Detector model(spec), copy(spec);
+  ModelEma ema(*model, copy, 0.99, 2000, EmaRamp::tf);
+  EXPECT_DOUBLE_EQ(ema.decay_now(), 2.0 / 11.0);
+  const at::Tensor w0 = model->parameters()[0].detach().clone();
+  {
+    at::NoGradGuard g;
+    model->parameters()[0].add_(1.0);
+  }
+  ema.update(*model);
+  EXPECT_TRUE(at::allclose(ema.model()->parameters()[0], w0 * (2.0 / 11.0) + (w0 + 1) * (9.0 / 11.0), 1e-6, 1e-6));
+  EXPECT_DOUBLE_EQ(ema.decay_now(), 3.0 / 12.0);
+  for (int i = 0; i < 1000; ++i) ema.update(*model);
+  EXPECT_DOUBLE_EQ(ema.decay_now(), 0.99);  // (1 + 1002) / (10 + 1002) is above it
+}
+
 TEST(Optimizer, AnOutOfMemoryErrorAnywhereInTheStepLeavesEveryGroupUntouched) {
   // The governor re-runs a step after an OOM: a half-applied update would be applied twice.
   auto& alloc = memory::CachingCpuAllocator::install();

@@ -178,6 +178,7 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   EXPECT_DOUBLE_EQ(sgd.train.weight_decay, 0.0);
   EXPECT_TRUE(sgd.train.ema);
   EXPECT_DOUBLE_EQ(sgd.train.ema_decay, 0.999);
+  EXPECT_EQ(sgd.train.ema_ramp, "tf");  // TF's ExponentialMovingAverage ramps up as (1 + t) / (10 + t)
   EXPECT_EQ(sgd.train.amp, "bf16");
   EXPECT_DOUBLE_EQ(sgd.train.clip_grad, 5.0);
   // TF's own refusals, with their lines.

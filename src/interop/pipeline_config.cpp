@@ -361,7 +361,7 @@ void map_optimizer(const At& train, const tf::TrainConfig& t, Mapper& m) {
   m.set("train.ema", o.use_moving_average() ? "true" : "false", opt.line("use_moving_average"), "use_moving_average");
   if (o.use_moving_average()) {
     m.set("train.ema_decay", yaml_number(o.moving_average_decay()), opt.line("moving_average_decay"), "moving_average_decay");
-    m.set("train.ema_tau", "1", opt.line("moving_average_decay"), "moving_average_decay (TF's average has no warm-up ramp)");
+    m.set("train.ema_ramp", "tf", opt.line("use_moving_average"), "use_moving_average (TF's average ramps its decay up as min(decay, (1 + step) / (10 + step)))");
   }
 }
 

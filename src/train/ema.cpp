@@ -4,6 +4,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace headroom::train {
@@ -23,8 +24,8 @@ void split_state(const std::vector<at::Tensor>& all, std::vector<at::Tensor>& fl
 }
 }  // namespace
 
-ModelEma::ModelEma(models::DetectorImpl& model, models::Detector copy, double decay, double tau)
-    : ema_(std::move(copy)), decay_(decay), tau_(tau) {
+ModelEma::ModelEma(models::DetectorImpl& model, models::Detector copy, double decay, double tau, EmaRamp ramp)
+    : ema_(std::move(copy)), decay_(decay), tau_(tau), ramp_(ramp) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> src = model_state(model), dst = model_state(*ema_);
   TORCH_CHECK(src.size() == dst.size(), "EMA: the copy has another architecture");
@@ -34,7 +35,10 @@ ModelEma::ModelEma(models::DetectorImpl& model, models::Detector copy, double de
   split_state(dst, ema_float_, ema_other_);
 }
 
-double ModelEma::decay_now() const { return decay_ * (1 - std::exp(-double(updates_ + 1) / tau_)); }
+double ModelEma::decay_now() const {
+  const double u = double(updates_ + 1);
+  return ramp_ == EmaRamp::tf ? std::min(decay_, (1 + u) / (10 + u)) : decay_ * (1 - std::exp(-u / tau_));
+}
 
 void ModelEma::update(models::DetectorImpl& model) {
   at::NoGradGuard no_grad;

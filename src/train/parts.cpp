@@ -45,6 +45,7 @@ TrainerOptions trainer_options(const Config& c, c10::Device device) {
       .clip_grad(t.clip_grad)
       .ema_decay(t.ema_decay)
       .ema_tau(t.ema_tau)
+      .ema_ramp(t.ema_ramp == "tf" ? EmaRamp::tf : EmaRamp::ultralytics)
       .read_every(t.log_every)
       .keep_first_batch(t.plots)
       .config_yaml(config_to_yaml(c))

@@ -59,7 +59,8 @@ Trainer::Trainer(TrainerParts parts)
   schedule_ = std::make_unique<Schedule>(schedule);
   schedule_->apply(*optimizer_, 0);  // valid rates even without the schedule hook
   set_amp(options_.amp());
-  if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), options_.ema_decay(), options_.ema_tau());
+  if (parts.ema_copy) ema_ = std::make_unique<ModelEma>(*model_, std::move(parts.ema_copy), options_.ema_decay(), options_.ema_tau(),
+                                                options_.ema_ramp());
   std::vector<std::string> group_names;
   for (const auto& g : optimizer_->groups()) group_names.push_back(g.name);
   counters_ = std::make_unique<DeviceCounters>(loss_->term_names(), group_names, device_);

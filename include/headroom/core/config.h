@@ -196,6 +196,7 @@ struct TrainConfig {
   bool ema = true;
   double ema_decay = 0.9999;
   double ema_tau = 2000;
+  std::string ema_ramp = "ultralytics";  // ultralytics | tf
   double clip_grad = 10.0;          // max gradient norm; 0 = off
   int max_bad_steps = 20;           // non-finite steps in a row before the run stops
   int val_every = 1;                // epochs between validations; 0 = at the end only

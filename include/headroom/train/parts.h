@@ -18,6 +18,7 @@
 #include "headroom/losses/loss.h"
 #include "headroom/models/detector.h"
 #include "headroom/train/amp.h"
+#include "headroom/train/ema.h"
 #include "headroom/train/memory_monitor.h"
 #include "headroom/train/optimizer.h"
 #include "headroom/train/schedule.h"
@@ -37,6 +38,7 @@ struct TrainerOptions {
   TORCH_ARG(double, clip_grad) = 10.0;      // 0 = off
   TORCH_ARG(double, ema_decay) = 0.9999;
   TORCH_ARG(double, ema_tau) = 2000;
+  TORCH_ARG(EmaRamp, ema_ramp) = EmaRamp::ultralytics;
   TORCH_ARG(int64_t, read_every) = 10;      // steps between reads of the device counters (a host sync each)
   TORCH_ARG(bool, keep_first_batch) = true; // a host copy of the first augmented batch, for plots (a sync, once)
   TORCH_ARG(std::string, config_yaml) = ""; // the run's resolved config, stored in checkpoints for resume
