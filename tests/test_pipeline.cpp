@@ -187,6 +187,13 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   });
   EXPECT_NE(e.find("total_steps 10 leaves no steps to decay after warmup_steps 10"), std::string::npos) << e;
   EXPECT_NE(e.find("warmup_learning_rate exceeds learning_rate_base"), std::string::npos) << e;
+  // The focal loss's exponents: one left out (0 in the OD API), or another value, is refused.
+  for (const char* focal : {"          beta: 4.0\n", "          alpha: 2.0\n          beta: 3.0\n"}) {
+    const std::string f = test::input_error_of([&] {
+      interop::load_config_file(pipeline_with("pipeline-focal", {kNoCheckpoint, {"          alpha: 2.0\n          beta: 4.0\n", focal}}));
+    });
+    EXPECT_NE(f.find("set alpha: 2.0 and beta: 4.0"), std::string::npos) << focal << f;
+  }
 }
 
 // rms_prop_optimizer as TF2's OD API runs it (tf.keras' legacy RMSprop, its `decay` an inverse-time

@@ -199,8 +199,11 @@ void map_center_net_losses(const At& cn, const tf::CenterNet& c, Mapper& m) {
     const At loss = center.nested("classification_loss");
     m.only(loss, {"penalty_reduced_logistic_focal_loss"});
     const auto& focal = oc.classification_loss().penalty_reduced_logistic_focal_loss();
-    if ((focal.has_alpha() && focal.alpha() != 2.0f) || (focal.has_beta() && focal.beta() != 4.0f))
-      m.problem(loss.line("penalty_reduced_logistic_focal_loss"), "the focal loss's alpha and beta are CenterNet's 2 and 4 in Headroom");
+    // The OD API has no defaults for them: an absent one is 0 there, another loss than CenterNet's.
+    if (!focal.has_alpha() || !focal.has_beta() || focal.alpha() != 2.0f || focal.beta() != 4.0f)
+      m.problem(loss.line("penalty_reduced_logistic_focal_loss"),
+                "the focal loss's alpha and beta are CenterNet's 2 and 4 in Headroom: set alpha: 2.0 and beta: 4.0 (the TF OD API "
+                "takes an absent one as 0)");
   }
   m.set("loss.task_loss_weight", yaml_number(oc.object_center_loss_weight()), center.line("object_center_loss_weight"),
         "object_center_params object_center_loss_weight");
