@@ -79,7 +79,8 @@ std::pair<std::string, std::string> resolve_file(const std::string& file, const 
     looked += (looked.empty() ? "" : ", ") + c.string();
   }
   throw InputError(file + ": model file not found (looked for " + looked +
-                   "); the models are yolov5n..x.yaml, yolov8{n..x}.yaml, yolo11{n..x}.yaml, centernet_*.yaml");
+                   "); the models are yolov5n..x.yaml, yolov8{n..x}.yaml, yolo11{n..x}.yaml, yolo12{n..x}.yaml, "
+                   "yolo26{n..x}.yaml, centernet_*.yaml");
 }
 
 std::string node_text(const YAML::Node& n) {
