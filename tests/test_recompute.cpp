@@ -86,8 +86,8 @@ void expect_same_gradients(Detector (*make)(), int64_t size, bool bf16) {
   for (RecomputeMode mode : {RecomputeMode::stages, RecomputeMode::all}) {
     const auto checkpointed = gradients(d, x, mode, bf16);
     ASSERT_EQ(reference.size(), checkpointed.size());
-    // Bit-identical in practice (the Hourglass aliases its block inputs for exactly that).
-    EXPECT_LE(max_relative_difference(reference, checkpointed), 1e-6) << to_string(mode) << (bf16 ? " bf16" : " fp32");
+    // Bit-identical (the Hourglass aliases its block inputs for exactly that).
+    EXPECT_EQ(max_relative_difference(reference, checkpointed), 0.0) << to_string(mode) << (bf16 ? " bf16" : " fp32");
   }
 }
 
