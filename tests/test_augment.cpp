@@ -375,6 +375,40 @@ TEST(Augment, TheColourDrawsAreTheSameOnEveryCompiler) {
   near(p.saturation, {1.1067337, 0.6947891, 0.8367321});
 }
 
+// TF's absolute pad without pad_color pads with the image's mean colour: of its letterbox
+// content, the grey bars left out; a pad_color given is used as it is.
+TEST(Augment, ThePadColourIsTheContentsMeanOrTheGivenOne) {
+  AugmentOptions o;
+  o.random_absolute_pad_image.enabled = true;
+  o.random_absolute_pad_image.max_height_padding = o.random_absolute_pad_image.max_width_padding = 16;
+  Synthetic s = synthetic(2, 1, 64, 3);
+  s.batch.images.fill_(114);  // the bars
+  for (int64_t ch = 0; ch < 3; ++ch) s.batch.images.select(1, ch).narrow(1, 16, 32).fill_(10 * (ch + 1));  // rows 16..47: the picture
+  s.content = at::tensor({0.0f, 16.0f, 64.0f, 48.0f}).repeat({2, 1});
+  const augment::Params mean = augment::draw_params(o, inputs(s, 64, 5, false));
+  EXPECT_TRUE(at::allclose(mean.pad_colour, at::tensor({10.0f, 20.0f, 30.0f}).repeat({2, 1}))) << mean.pad_colour;
+  o.random_absolute_pad_image.pad_color = {1, 2, 3};
+  const augment::Params given = augment::draw_params(o, inputs(s, 64, 5, false));
+  EXPECT_TRUE(at::allclose(given.pad_colour, at::tensor({1.0f, 2.0f, 3.0f}).repeat({2, 1}))) << given.pad_colour;
+}
+
+// close_mosaic epochs turn mixup off too: with mixup certain (1.0), an epoch with mosaics mixes
+// every image with another, a closing epoch none.
+TEST(Augment, MixupIsOffInTheCloseMosaicEpochs) {
+  AugmentOptions o;
+  o.mosaic = 1, o.mixup = 1;
+  const Synthetic s = synthetic(4, 3, 64, 17);
+  const augment::Params open = augment::draw_params(o, inputs(s, 64, 3, /*mosaic=*/true));
+  EXPECT_TRUE(open.any_mixup);
+  EXPECT_LT(open.mix_ratio.max().item<double>(), 1.0);
+  const augment::Params closing = augment::draw_params(o, inputs(s, 64, 3, /*mosaic=*/false));
+  EXPECT_FALSE(closing.any_mixup);
+  EXPECT_EQ(closing.mix_ratio.min().item<double>(), 1.0);
+  const augment::Batch out = augment::apply(closing, o, s.batch, 3);
+  EXPECT_EQ(out.classes.size(1), 3);  // no partner's rows
+  EXPECT_EQ(closing.tiles, 1);
+}
+
 TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   AugmentOptions o;
   o.multi_scale = 0.5;

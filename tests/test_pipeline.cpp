@@ -196,6 +196,30 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   }
 }
 
+// More fields Headroom cannot run as TF would, each refused alone with its line and what to
+// change: the resizer's two sides, a training split left in order, a first manual step at 0,
+// training forever, a second eval reader.
+TEST(Pipeline, FieldsHeadroomCannotRunAsTfAreRefusedWithTheirLine) {
+  struct Case {
+    std::pair<std::string, std::string> edit;
+    std::string line, says;
+  };
+  const std::vector<Case> cases = {
+      {{"        min_dimension: 512\n", "        min_dimension: 384\n"}, ":16:", "min_dimension 384 and max_dimension 512"},
+      {{"train_input_reader {\n", "train_input_reader {\n  shuffle: false\n"}, ":107:", "shuffle false for training"},
+      {{"            step: 1000\n", "            step: 0\n"}, ":86:", "the first schedule step cannot be 0"},
+      {{"  num_steps: 5000\n", "  num_steps: 0\n"}, ":100:", "num_steps 0 means training forever in TF"},
+      {{"eval_input_reader {\n", "eval_input_reader {\n  label_map_path: \"x.pbtxt\"\n}\neval_input_reader {\n"}, ":120:",
+       "keep one eval_input_reader"},
+  };
+  for (const Case& k : cases) {
+    const std::string path = pipeline_with("pipeline-refused", {kNoCheckpoint, k.edit});
+    const std::string e = test::input_error_of([&] { interop::load_config_file(path); });
+    EXPECT_NE(e.find(k.says), std::string::npos) << k.says << "\n" << e;
+    EXPECT_NE(e.find(path + k.line), std::string::npos) << k.says << "\n" << e;
+  }
+}
+
 // rms_prop_optimizer as TF2's OD API runs it (tf.keras' legacy RMSprop, its `decay` an inverse-time
 // decay of the rate): the parameter trajectories are TensorFlow's own, computed by
 // scripts/make_tf_optimizer_reference.py through the OD API's optimizer_builder; the pipeline goes
