@@ -463,12 +463,9 @@ TEST(Distributed, AnOutOfMemoryErrorOnOneRankShrinksEveryRank) {
 // off on several ranks: grow_after 1 would double it again after one calm step in one process.
 TEST(Distributed, MemoryPressureOnOneRankShrinksEveryRankAndNothingGrowsBack) {
   const std::string dir = temp_dir("dist-press");
-  const std::vector<std::string> common = exact_run({"train.steps=6", "train.val_every=0", "distributed.sync_bn=false",
-                                                     "memory.budget=256MiB", "memory.headroom=0.5", "memory.grow_after=1"},
-                                                    "yolov8.yaml");
-  std::vector<std::string> ranks = common;
-  ranks.push_back("train.batch=4");
-  config_file(dir, ranks);
+  config_file(dir, exact_run({"train.steps=6", "train.val_every=0", "distributed.sync_bn=false", "train.batch=4", "memory.budget=256MiB",
+                              "memory.headroom=0.5", "memory.grow_after=1"},
+                             "yolov8.yaml"));
   write_bytes(dir + "/press", "rank 1, step 2");
   ASSERT_TRUE(run_ranks(dir));
   for (int r = 0; r < 2; ++r) {
