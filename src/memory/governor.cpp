@@ -94,12 +94,18 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       const train::StepInput in = t.prepare_step(batches);
       const int64_t micro = micro_batch(t);
       for (size_t b = 0; b < in.batches.size(); ++b) {
-        // As many parts on every rank (SyncBatchNorm exchanges once per part): counted from the
-        // largest share of the batch any rank has, and no more than the smallest share's images
-        // (shares differ by one at most), so that no part is empty.
-        const int64_t n = in.batches[b].images.size(0), largest = std::max<int64_t>(batches[b].largest_share, n);
-        const int64_t smallest = batches[b].global_size > 0 ? batches[b].global_size / t.world() : n;
-        const std::vector<int64_t> cut = distribute(n, std::max<int64_t>(1, std::min(parts(largest, micro, least(t)), smallest)));
+        // With SyncBatchNorm live, as many parts on every rank (it exchanges once per part):
+        // counted from the largest share of the batch any rank has, and no more than the smallest
+        // share's images (shares differ by one at most), so that none is empty; its statistics
+        // are every rank's, so a part below the smallest micro-batch is no BatchNorm error.
+        // Otherwise each rank cuts its own share.
+        const int64_t n = in.batches[b].images.size(0);
+        std::vector<int64_t> cut = split(n, micro, least(t));
+        if (t.syncs_batchnorm()) {
+          const int64_t largest = std::max<int64_t>(batches[b].largest_share, n);
+          const int64_t smallest = batches[b].global_size > 0 ? batches[b].global_size / t.world() : n;
+          cut = distribute(n, std::max<int64_t>(1, std::min(parts(largest, micro, least(t)), smallest)));
+        }
         apply_plan(t, in.batches[b].images.size(2), cut.front());
         int64_t start = 0;
         for (int64_t m : cut) {
@@ -118,8 +124,8 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
     if (a.failed.empty()) {
       try {
         t.update();  // atomic: an out-of-memory error inside leaves every group untouched
-        if (!a.pressed.empty()) {
-          shrink(t, pressure_.empty() ? "memory pressure on rank " + text_list(a.pressed) : pressure_);
+        if (!a.pressed.empty()) {  // voted after this step's update: from the next step
+          shrink(t, pressure_.empty() ? "memory pressure on rank " + text_list(a.pressed) : pressure_, t.state().step + 2);
           pressure_.clear();
         }
         return;
@@ -175,9 +181,10 @@ void Governor::apply_plan(train::Trainer& t, int64_t size, int64_t micro) {
   plan_ = p.recomputed;
 }
 
-void Governor::record(train::Trainer& t, std::string action, std::string reason) {
-  spdlog::warn("memory governor, step {}: {} ({})", t.state().step + 1, action, reason);
-  decisions_.push_back(MemoryDecision{t.state().step + 1, std::move(action), std::move(reason)});
+void Governor::record(train::Trainer& t, std::string action, std::string reason, int64_t from) {
+  if (from == 0) from = t.state().step + 1;
+  spdlog::warn("memory governor, step {}: {} ({})", from, action, reason);
+  decisions_.push_back(MemoryDecision{from, std::move(action), std::move(reason)});
 }
 
 void Governor::before_train(train::Trainer& t) {
@@ -201,12 +208,12 @@ void Governor::before_train(train::Trainer& t) {
                o_.recover() ? "" : "; memory.governor off: an out-of-memory error stops the run");
 }
 
-void Governor::shrink(train::Trainer& t, const std::string& reason) {
+void Governor::shrink(train::Trainer& t, const std::string& reason, int64_t from) {
   const int64_t m = micro_batch(t);
   if (m > least(t)) {
     const int64_t next = std::max<int64_t>(least(t), m / 2);
     micro_ = next;
-    record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason);
+    record(t, "micro_batch " + std::to_string(m) + " -> " + std::to_string(next), reason, from);
     t.forget_step_peaks();
   }
   monitor(t).release_cache();

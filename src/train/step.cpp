@@ -208,15 +208,20 @@ StepAgreement Trainer::agree_step(bool failed, bool pressed) {
   return a;
 }
 
+bool Trainer::syncs_batchnorm() const {
+  if (!exchange_ || !options_.sync_bn()) return false;
+  for (const auto& m : model_->modules(/*include_self=*/false))
+    if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(m.get()); bn && bn->is_training()) return true;
+  return false;
+}
+
 void Trainer::abandon_step() {
   if (!exchange_) return;
   // SyncBatchNorm exchanges inside the forward and backward: the other ranks wait in one this
   // rank cannot join, so no rank can undo the attempt. Stopping ends the wait (the launcher
-  // stops the others; a lost peer ends their exchange) where going on would hang until the timeout.
-  bool live_batchnorm = false;
-  for (const auto& m : model_->modules(/*include_self=*/false))
-    if (const auto* bn = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(m.get())) live_batchnorm = live_batchnorm || bn->is_training();
-  if (options_.sync_bn() && live_batchnorm)
+  // stops the others; on Gloo a lost peer ends their exchange) where going on would hang until
+  // the timeout.
+  if (syncs_batchnorm())
     throw Error("rank " + std::to_string(rank()) + ": out of memory in step " + std::to_string(state_.step + 1) +
                 " with SyncBatchNorm (distributed.sync_bn: true): the other ranks wait in its exchanges inside the forward and "
                 "backward, which this rank cannot join, so the step cannot be undone on every rank and the run stops; the last "

@@ -90,8 +90,10 @@ class Governor final : public train::Hook, public train::StepExecutor {
   const std::vector<MemoryDecision>& decisions() const { return decisions_; }
 
  private:
-  void record(train::Trainer& t, std::string action, std::string reason);
-  void shrink(train::Trainer& t, const std::string& reason);
+  // `from`: the first step the decision applies to (0: the step in progress, or the next one
+  // once it has ended).
+  void record(train::Trainer& t, std::string action, std::string reason, int64_t from = 0);
+  void shrink(train::Trainer& t, const std::string& reason, int64_t from = 0);
   // One rung of the ladder for an error in a step or the loader; throws when none is left.
   void climb(train::Trainer& t, const std::string& what, MemoryFailure kind);
   [[noreturn]] void give_up(train::Trainer& t, const std::string& what, const std::string& why);

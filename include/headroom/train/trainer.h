@@ -162,6 +162,9 @@ class Trainer {
   MemoryMonitor* monitor() { return monitor_.get(); }
 
   const TrainerOptions& options() const { return options_; }
+  // SyncBatchNorm exchanges in this step's forward and backward: distributed.sync_bn on several
+  // ranks with BatchNorm training.
+  bool syncs_batchnorm() const;
   c10::Device device() const { return device_; }
   const std::string& run_dir() const { return run_dir_; }
   TrainState& state() { return state_; }
