@@ -404,8 +404,8 @@ TEST(Augment, MixupIsOffInTheCloseMosaicEpochs) {
   const augment::Params closing = augment::draw_params(o, inputs(s, 64, 3, /*mosaic=*/false));
   EXPECT_FALSE(closing.any_mixup);
   EXPECT_EQ(closing.mix_ratio.min().item<double>(), 1.0);
-  const augment::Batch out = augment::apply(closing, o, s.batch, 3);
-  EXPECT_EQ(out.classes.size(1), 3);  // no partner's rows
+  const augment::Batch out = augment::apply(closing, o, s.batch, int64_t(1) << 20);
+  EXPECT_EQ(out.classes.size(1), 3);  // no partner's rows, no other tile's
   EXPECT_EQ(closing.tiles, 1);
 }
 

@@ -39,10 +39,10 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
                a.batch, format_bytes(double(a.estimate.usable)), format_bytes(double(budget)),
                a.planner ? "memory.prefer " + c.memory.prefer : std::string("the largest that fits"), tried, a.step_batch,
                W > 1 ? fmt::format(" on each of {} ranks", W) : std::string(),
-               step == nominal ? fmt::format(" of exactly train.nominal_batch {}", nominal)
-               : step > nominal
-                   ? fmt::format(" of {} images (train.nominal_batch {} rounded up to a whole share per rank)", step, nominal)
-                   : fmt::format(" (train.nominal_batch {} is more than the {} training images)", nominal, train_split->samples.size()),
+               nominal > int64_t(train_split->samples.size())
+                   ? fmt::format(" (train.nominal_batch {} is more than the {} training images)", nominal, train_split->samples.size())
+               : step == nominal ? fmt::format(" of exactly train.nominal_batch {}", nominal)
+                                 : fmt::format(" of {} images (train.nominal_batch {} rounded up to a whole share per rank)", step, nominal),
                memory::format_batch_options(a));
   return a;
 }

@@ -372,11 +372,11 @@ std::vector<ConfigKey> build_schema() {
                "Keep an exponential moving average of the weights; it is what validation and best.pt use."),
       double_key("train.ema_decay", [](Config& c) -> double& { return c.train.ema_decay; }, 0, 1, "EMA decay."),
       double_key("train.ema_tau", [](Config& c) -> double& { return c.train.ema_tau; }, 1, 1e9,
-                 "EMA warm-up: the decay is ema_decay * (1 - exp(-updates / ema_tau))."),
+                 "EMA warm-up: the decay is ema_decay * (1 - exp(-updates / ema_tau)) (with ema_ramp: ultralytics)."),
       choice_key("train.ema_ramp", [](Config& c) -> std::string& { return c.train.ema_ramp; }, {"ultralytics", "tf"},
                  "How the EMA decay ramps up at update u = 1, 2, ...: ultralytics = ema_decay * (1 - exp(-u / ema_tau)) "
                  "(Ultralytics' ModelEMA); tf = min(ema_decay, (1 + u) / (10 + u)) (TF's ExponentialMovingAverage, as the "
-                 "TF OD API's use_moving_average keeps it; ema_tau unused)."),
+                 "TF2 OD API's use_moving_average keeps it; ema_tau unused)."),
       double_key("train.clip_grad", [](Config& c) -> double& { return c.train.clip_grad; }, 0, 1e9,
                  "Largest gradient norm (after unscaling); 0 = no clipping."),
       int_key<int>("train.max_bad_steps", [](Config& c) -> int& { return c.train.max_bad_steps; }, 1, 1 << 20,
