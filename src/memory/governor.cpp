@@ -93,6 +93,7 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       }
       const train::StepInput in = t.prepare_step(batches);
       const int64_t micro = micro_batch(t);
+      const bool synced = t.syncs_batchnorm();  // walks the model's modules: once a step, not per batch
       for (size_t b = 0; b < in.batches.size(); ++b) {
         // With SyncBatchNorm live, as many parts on every rank (it exchanges once per part):
         // counted from the largest share of the batch any rank has, and no more than the smallest
@@ -101,7 +102,7 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
         // Otherwise each rank cuts its own share.
         const int64_t n = in.batches[b].images.size(0);
         std::vector<int64_t> cut = split(n, micro, least(t));
-        if (t.syncs_batchnorm()) {
+        if (synced) {
           const int64_t largest = std::max<int64_t>(batches[b].largest_share, n);
           const int64_t smallest = batches[b].global_size > 0 ? batches[b].global_size / t.world() : n;
           cut = distribute(n, std::max<int64_t>(1, std::min(parts(largest, micro, least(t)), smallest)));
