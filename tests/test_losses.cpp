@@ -212,6 +212,38 @@ TEST(YoloLoss, Yolov5NoObjectsIsObjectnessOnly) {
   EXPECT_NEAR(item(run, "obj"), std::log(2.0) * 5.4 * 0.04, 1e-6);
 }
 
+// scripts/make_yolov5_loss_reference.py describes the inputs; YOLOv5's own ComputeLoss
+// (ultralytics/yolov5, utils/loss.py) printed the numbers: anchor matching with the two
+// neighbouring cells, CIoU, IoU objectness targets, the level balance and the train.py gains.
+TEST(YoloLoss, Yolov5LossMatchesTheYolov5Reference) {
+  const int64_t B = 2, nc = 3, S = 64;
+  models::DetectorInfo info;
+  info.family = "yolov5";
+  info.nc = nc;
+  info.strides = {8, 16, 32};
+  info.anchors = floats({10.f, 13, 16, 30, 33, 23, 30, 61, 62, 45, 59, 119, 116, 90, 156, 198, 373, 326}).view({3, 3, 2});
+  std::vector<at::Tensor> preds;
+  int64_t l = 0;
+  for (int64_t s : {8, 16, 32}) {
+    const int64_t h = S / s, w = S / s;
+    const at::Tensor b = at::arange(B, at::kDouble).view({-1, 1, 1, 1, 1}), a = at::arange(3, at::kDouble).view({1, -1, 1, 1, 1});
+    const at::Tensor y = at::arange(h, at::kDouble).view({1, 1, -1, 1, 1}), x = at::arange(w, at::kDouble).view({1, 1, 1, -1, 1});
+    const at::Tensor c = at::arange(5 + nc, at::kDouble).view({1, 1, 1, 1, -1});
+    preds.push_back((0.8 * at::sin(0.3 * c + 0.7 * y + 1.1 * x + 0.5 * b + 0.9 * a + double(l++))).to(at::kFloat));
+  }
+  Targets t;
+  t.boxes = floats({5.f, 3, 30, 28, 21, 10, 60, 51, 41, 45, 48, 50, 1, 0, 64, 63, 10, 41, 26, 62, 0, 0, 0, 0}).view({2, 3, 4});
+  t.classes = longs({0, 1, 2, 1, 2, 0}).view({2, 3});
+  t.mask = longs({1, 1, 1, 1, 1, 0}).to(at::kBool).view({2, 3});
+  const BatchLoss loss = batch_loss(*make_loss(info, LossOptions().imgsz(S)), {{"pred", preds}}, t, S, S);
+  EXPECT_NEAR(loss.total.item<double>(), 0.379968047, 1e-6);
+  EXPECT_NEAR(item(loss, "box"), 0.111714713, 1e-7);
+  EXPECT_NEAR(item(loss, "obj"), 0.038461037, 1e-7);
+  EXPECT_NEAR(item(loss, "cls"), 0.039808270, 1e-7);
+  std::printf("total %.9f (YOLOv5 0.379968047), box %.9f, obj %.9f, cls %.9f\n", loss.total.item<double>(), item(loss, "box"), item(loss, "obj"),
+              item(loss, "cls"));
+}
+
 TEST(YoloLoss, GradientsReachEveryHeadOutput) {
   models::DetectorInfo v5;
   v5.family = "yolov5";
