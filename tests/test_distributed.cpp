@@ -78,6 +78,13 @@ pid_t child_with_rank(pid_t pid, int rank) {
   return -1;
 }
 
+// The state letter of /proc/pid/stat ('Z': ended, not yet reaped), or 0.
+char process_state(pid_t pid) {
+  const std::string stat = read_bytes("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
 }  // namespace
 
 TEST(Distributed, TheLoaderGivesEveryImageOfAnEpochToExactlyOneRank) {
@@ -198,10 +205,17 @@ TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {
   const std::string log = dir + "/killed.log", weights = dir + "/runs/r/weights/";
   const pid_t launcher = spawn_trainer("train --config " + cfg + " --nproc 2", log);
   ASSERT_TRUE(wait_for_file(weights + "step_00000002.pt", 300)) << read_bytes(log);
-  const pid_t rank1 = child_with_rank(launcher, 1);
+  const pid_t rank0 = child_with_rank(launcher, 0), rank1 = child_with_rank(launcher, 1);
+  ASSERT_GT(rank0, 0) << read_bytes(log);
   ASSERT_GT(rank1, 0) << read_bytes(log);
+  // The launcher is held until rank 0 too has ended (its exchange lost rank 1), so that it finds
+  // both ended and must name the rank that was killed, not the one reaped first.
+  ::kill(launcher, SIGSTOP);
   ::kill(rank1, SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
+  const bool rank0_ended = wait_until([&] { return process_state(rank0) == 'Z'; }, 90, std::chrono::milliseconds(20));
+  ::kill(launcher, SIGCONT);
+  ASSERT_TRUE(rank0_ended) << read_bytes(log);
   const int code = wait_exit_code(launcher);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(code, 0);

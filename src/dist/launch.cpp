@@ -89,7 +89,7 @@ std::vector<pid_t> start_workers(const std::string& program, const std::vector<s
   return pids;
 }
 
-// How the workers ended: the first to fail (and its wait status), and whether any was interrupted.
+// How the workers ended: the one that failed first (and its wait status), and whether any was interrupted.
 struct WorkersEnd {
   int first_failed = -1, first_status = 0, interrupted_code = 0;
 };
@@ -100,6 +100,19 @@ WorkersEnd wait_for_workers(std::vector<pid_t>& pids, const LaunchOptions& o) {
   WorkersEnd end;
   int running = int(pids.size());
   std::chrono::steady_clock::time_point deadline{};
+  // Marks a worker ended; its rank, or -1 when `pid` is none of them. Ctrl-C stops every worker
+  // at the same step (rank 0 may still be writing its checkpoint): not a failure.
+  const auto reaped = [&](pid_t pid, int status) {
+    for (size_t r = 0; r < pids.size(); ++r)
+      if (pids[r] == pid) {
+        pids[r] = -1;
+        --running;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == kExitInterrupted) end.interrupted_code = kExitInterrupted;
+        return int(r);
+      }
+    return -1;
+  };
+  const auto failed = [](int status) { return !WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != kExitInterrupted); };
   while (running > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, end.first_failed >= 0 ? WNOHANG : 0);
@@ -119,23 +132,20 @@ WorkersEnd wait_for_workers(std::vector<pid_t>& pids, const LaunchOptions& o) {
       if (errno == EINTR) continue;
       break;
     }
-    int rank = -1;
-    for (size_t r = 0; r < pids.size(); ++r)
-      if (pids[r] == pid) rank = int(r);
-    if (rank < 0) continue;
-    pids[size_t(rank)] = -1;
-    --running;
-    // Ctrl-C stops every worker at the same step; rank 0 may still be writing its checkpoint.
-    const bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == kExitInterrupted;
-    if (interrupted) end.interrupted_code = kExitInterrupted;
-    const bool failed = !interrupted && (!WIFEXITED(status) || WEXITSTATUS(status) != 0);
-    if (failed && end.first_failed < 0) {
-      end.first_failed = rank;
-      end.first_status = status;
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGTERM);
-      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.timeout() * 1000));
+    const int rank = reaped(pid, status);
+    if (rank < 0 || !failed(status) || end.first_failed >= 0) continue;
+    end.first_failed = rank;
+    end.first_status = status;
+    // A rank killed by a signal makes its peers fail as their exchange loses it, and a peer can be
+    // reaped first (waitpid takes the oldest child of those ended): of the workers already ended,
+    // the one a signal killed is the cause.
+    for (pid_t p; !WIFSIGNALED(end.first_status) && (p = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      const int r = reaped(p, status);
+      if (r >= 0 && WIFSIGNALED(status)) end.first_failed = r, end.first_status = status;
     }
+    for (pid_t p : pids)
+      if (p > 0) ::kill(p, SIGTERM);
+    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.timeout() * 1000));
   }
   return end;
 }
