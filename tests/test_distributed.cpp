@@ -25,6 +25,7 @@
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/memory/governor.h"
 #include "headroom/train/hooks.h"
+#include "headroom/train/parts.h"
 #include "headroom/train/trainer.h"
 #include "test_util.h"
 #include "train_util.h"
@@ -301,7 +302,8 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
 // HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory, a
 // `press` file makes its memory ask for a smaller micro-batch, a `micro` file holds the
 // governor's micro-batch, a `live_bn` file leaves BatchNorm training, a `timeout` file holds the
-// exchanges' timeout in seconds, 120 without);
+// exchanges' timeout in seconds, 120 without, a `val_oom` file validates after the training, then
+// again with rank 1 out of memory in its pass);
 // skipped otherwise. BatchNorm is frozen unless asked: the ranks' result is then one process's
 // up to rounding.
 TEST(DistributedWorker, TrainsAsItsRank) {
@@ -316,6 +318,7 @@ TEST(DistributedWorker, TrainsAsItsRank) {
   const double timeout = fs::exists(dir + "/timeout") ? std::stod(read_bytes(dir + "/timeout")) : 120;
   o.group = std::make_shared<dist::Group>(w, dist::GroupOptions().timeout(timeout), cpu);
   o.train = std::make_shared<const data::Split>(data::load_split(c, "train"));
+  if (fs::exists(dir + "/val_oom")) o.val = train::load_val_split(c);
   o.default_hooks = false;
   cli::Run run = cli::build_run(c, cpu, o);  // the run `trainer train` builds: the governor runs its steps
   train::Trainer& t = *run.trainer;
@@ -344,6 +347,22 @@ TEST(DistributedWorker, TrainsAsItsRank) {
   };
   if (fs::exists(dir + "/press")) t.register_hook(std::make_unique<PressOnRank1>());
   t.train();
+  if (fs::exists(dir + "/val_oom")) {
+    const std::optional<eval::CocoStats> clean = t.validate();
+    if (w.rank == 1) memory::CachingCpuAllocator::install().inject_oom_after(300);
+    const std::optional<eval::CocoStats> again = t.validate();
+    ASSERT_TRUE(clean && again);
+    std::string text;
+    for (const auto* stats : {&*clean, &*again}) {
+      for (double v : stats->stats) {
+        char number[32];
+        std::snprintf(number, sizeof number, "%.17g ", v);
+        text += number;
+      }
+      text += "\n";
+    }
+    write_bytes(dir + "/rank" + std::to_string(w.rank) + ".val", text + std::to_string(t.state().val_batch) + "\n");
+  }
   std::vector<at::Tensor> params = params_of(t.model());
   torch::save(params, dir + "/rank" + std::to_string(w.rank) + ".pt");
   std::string decisions;
@@ -510,6 +529,38 @@ TEST(Distributed, AnOutOfMemoryErrorWithSyncBatchNormStopsTheRunAtOnce) {
   const std::string log = read_bytes(dir + "/worker1.log");
   EXPECT_NE(log.find("rank 1: out of memory in step 2 with SyncBatchNorm"), std::string::npos) << log;
   EXPECT_NE(log.find("set distributed.sync_bn: false"), std::string::npos) << log;
+}
+
+// An out-of-memory error in one rank's share of validation: every rank runs the pass again at
+// the smaller batch, and both get the AP of a pass that did not fail. The model is one that
+// Ultralytics trained on these shapes (an untrained one scores AP 0 however a pass goes).
+TEST(Distributed, AValidationOutOfMemoryOnOneRankRunsThePassAgainOnEveryRank) {
+  const std::string dir = temp_dir("dist-val-oom");
+  config_file(dir, exact_run({"train.steps=1", "train.val_every=0", "train.lr0=0",
+                              "model.init_from=" + std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/predict/ul_yolov8t_shapes.pt"},
+                             "yolov8.yaml"));
+  write_bytes(dir + "/val_oom", "");
+  ASSERT_TRUE(run_ranks(dir));
+  std::vector<std::vector<std::string>> lines;
+  for (int r = 0; r < 2; ++r) {
+    std::istringstream in(read_bytes(dir + "/rank" + std::to_string(r) + ".val"));
+    lines.emplace_back();
+    for (std::string line; std::getline(in, line);) lines.back().push_back(line);
+    ASSERT_EQ(lines.back().size(), 3u) << "rank " << r;
+  }
+  // The AP is the whole split's, the same on both ranks, before and after the failed pass.
+  EXPECT_EQ(lines[0][0], lines[1][0]);
+  EXPECT_EQ(lines[0][1], lines[0][0]);
+  EXPECT_EQ(lines[1][1], lines[0][0]);
+  EXPECT_GT(std::stod(lines[0][0].substr(0, lines[0][0].find(' '))), 0.05) << lines[0][0];  // AP50-95: 0.083 at 128 px
+  // Rank 1's governor halved its batch, and rank 0 took the same.
+  const std::string rank1 = read_bytes(dir + "/rank1.txt"), rank0 = read_bytes(dir + "/rank0.txt");
+  const size_t at = rank1.find("validation batch ");
+  ASSERT_NE(at, std::string::npos) << rank1;
+  const std::string action = rank1.substr(at, rank1.find(':', at) - at);  // "validation batch 16 -> 8"
+  EXPECT_EQ(action.substr(action.rfind(' ') + 1), lines[1][2]) << action;
+  EXPECT_EQ(lines[0][2], lines[1][2]);
+  EXPECT_EQ(rank0.find("validation batch"), std::string::npos) << rank0;
 }
 
 // With SyncBatchNorm every rank runs as many parts, one exchange each. 25 images in global

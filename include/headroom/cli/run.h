@@ -24,7 +24,7 @@ struct RunOptions {
   std::string run_dir;                               // "" = a new one under project/name (rank 0)
   std::string checkpoint;                            // a checkpoint to resume from
   std::shared_ptr<dist::Group> group;                // null = one process
-  std::shared_ptr<const data::Split> train, val;     // null = the config's (val: its val split, when it has one)
+  std::shared_ptr<const data::Split> train, val;     // train null = the config's splits (val: when it has one); val null beside a train = none
   bool default_hooks = true;                         // schedule, EMA, guards, evaluation, logs, plots, checkpoints
   std::function<void(train::TrainerParts&)> adjust;  // changes the parts before the trainer is built (tests: their loss)
 };
