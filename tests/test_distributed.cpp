@@ -238,6 +238,25 @@ TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {
   EXPECT_EQ(rows.back()[0], "3");
 }
 
+// A checkpoint of one process at 12 images into an epoch resumes on 2 ranks, whose global
+// batches are 8: the epoch goes on from image 8, and the log says that 4 images train again.
+TEST(Distributed, AResumeOnMoreRanksRepeatsTheImagesPastTheLastWholeGlobalBatch) {
+  const std::string dir = temp_dir("dist-resume-part");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=r", "train.epochs=2", "train.batch=4",
+                                                      "train.nominal_batch=4", "train.save_every_steps=1", "train.keep=20",
+                                                      "train.val_every=0"},
+                                                     "yolov8.yaml"));
+  const RunResult one = run_trainer("train --config " + cfg);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const RunResult two = run_trainer("train --resume " + dir + "/runs/r/weights/step_00000003.pt --nproc 2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("epoch 1 continues at image 8, not 12 (4 images of it train again)"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("loader batch 3 of 4 images is batch 1 of 8"), std::string::npos) << two.output;
+  const auto rows = record_of(dir + "/runs/r/results.csv");
+  ASSERT_EQ(rows.size(), 3u) << read_bytes(dir + "/runs/r/results.csv");  // the header and two epochs
+  EXPECT_EQ(rows.back()[0], "2");
+}
+
 // A worker that fails with an error: the launcher exits with its code and its message.
 TEST(Distributed, TheLauncherNamesTheRankThatFailedAndItsError) {
   const std::string dir = temp_dir("dist-error");
