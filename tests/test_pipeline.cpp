@@ -322,4 +322,14 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   EXPECT_NE(r.output.find("the backbone only; the head's 24 tensors keep their initialisation"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/p/results.csv"));
   EXPECT_TRUE(fs::exists(dir + "/runs/p/weights/last.pt"));
+
+  // num_classes against the label map the records were written with (one class): refused with
+  // the pipeline's line, before anything is written.
+  text.replace(text.find("num_classes: 1"), 14, "num_classes: 2");
+  test::write_bytes(dir + "/two.config", text);
+  const test::RunResult two = test::run_trainer("--config " + dir + "/two.config device=cpu threads=1 project=" + dir + "/runs name=two");
+  EXPECT_EQ(two.exit_code, 2) << two.output;
+  EXPECT_NE(two.output.find(dir + "/two.config:3: num_classes 2 but the label map " + dir + "/annotations/label_map.pbtxt lists 1 classes; make them agree"),
+            std::string::npos) << two.output;
+  EXPECT_FALSE(fs::exists(dir + "/runs/two"));
 }
