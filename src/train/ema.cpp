@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace headroom::train {
 
@@ -43,12 +44,24 @@ double ModelEma::decay_now() const {
 void ModelEma::update(models::DetectorImpl& model) {
   at::NoGradGuard no_grad;
   const double d = decay_now();
-  ++updates_;
   std::vector<at::Tensor> floats, others;
   split_state(model_state(model), floats, others);
-  at::_foreach_mul_(ema_float_, d);
-  at::_foreach_add_(ema_float_, floats, 1 - d);
+  if (!ema_float_.empty() && ema_float_.front().is_cpu()) {
+    // On the CPU LibTorch's _foreach_ ops run tensor by tensor and wrap a plain-number factor in a
+    // fresh tensor for each, from the budgeted allocator: an out-of-memory error there (after the
+    // optimizer's update, where nothing recovers it) would leave the average half decayed. The
+    // factors are made first, one per dtype (another dtype would be cast into a copy); the sum's
+    // alpha is not wrapped.
+    std::map<at::ScalarType, at::Tensor> decay;
+    for (const at::Tensor& t : ema_float_)
+      if (!decay.count(t.scalar_type())) decay[t.scalar_type()] = at::full({}, d, t.options());
+    for (size_t i = 0; i < ema_float_.size(); ++i) ema_float_[i].mul_(decay.at(ema_float_[i].scalar_type())).add_(floats[i], 1 - d);
+  } else {
+    at::_foreach_mul_(ema_float_, d);  // on CUDA one kernel for every tensor; the factors are arguments
+    at::_foreach_add_(ema_float_, floats, 1 - d);
+  }
   for (size_t i = 0; i < others.size(); ++i) ema_other_[i].copy_(others[i]);
+  ++updates_;
 }
 
 void ModelEma::save(torch::serialize::OutputArchive& archive) const {

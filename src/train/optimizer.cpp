@@ -322,7 +322,11 @@ void Optimizer::step(const at::Tensor& found_inf) {
   }
   if (active.empty()) return;
   if (fused_) {
-    for (auto& a : active) step_fused(*a.group, a, found_inf);  // in-place kernels: nothing to allocate
+    // In-place kernels. The step count's increment is a tensor made before the first group is
+    // written (a plain 1 would be wrapped in a fresh tensor for each group): an out-of-memory error
+    // leaves every group untouched, and the governor's re-run applies the update once.
+    const at::Tensor one = at::ones({}, active.front().step.options());
+    for (auto& a : active) step_fused(*a.group, a, found_inf, one);
     return;
   }
   step_in_place(active, largest, found_inf);
@@ -374,12 +378,12 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest, cons
   }
 }
 
-void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf) {
+void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf, const at::Tensor& one) {
   std::vector<at::Tensor>& params = s.params;
   std::vector<at::Tensor>& grads = s.grads;
 #if HEADROOM_HAS_FUSED_OPTIMIZERS
   const c10::optional<at::Tensor> inf = found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
-  s.step.add_(1);
+  s.step.add_(one);
   const std::vector<at::Tensor> steps(params.size(), s.step);
   // The same kernels with lr as a host number or as the group's device tensor.
   const auto update = [&](const auto& lr) {
@@ -407,7 +411,7 @@ void Optimizer::step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf
     update(rates_.at(size_t(&g - groups_.data())));
   if (inf) s.step.sub_(*inf);  // a skipped step does not count
 #else
-  (void)g, (void)params, (void)grads, (void)found_inf;
+  (void)g, (void)params, (void)grads, (void)found_inf, (void)one;
   throw Error("fused optimizers need LibTorch 2.4 or newer");
 #endif
 }

@@ -29,7 +29,7 @@
 #endif
 
 // Fused optimizer kernels (_fused_sgd_, _fused_adam_, _fused_adamw_ with found_inf) on CPU and
-// CUDA arrived in 2.4; before that the optimizers use _foreach_ ops.
+// CUDA arrived in 2.4; before that the optimizers update one parameter at a time, in place.
 #define HEADROOM_HAS_FUSED_OPTIMIZERS HEADROOM_TORCH_AT_LEAST(2, 4)
 
 namespace headroom::compat {

@@ -97,7 +97,7 @@ class Optimizer {
     std::vector<at::Tensor> params, grads, buf1, buf2;
     at::Tensor step;
   };
-  void step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf);
+  void step_fused(ParamGroup& g, Active& s, const at::Tensor& found_inf, const at::Tensor& one);
   // Without fused kernels: one workspace of `largest` elements, then in-place updates.
   void step_in_place(std::vector<Active>& active, int64_t largest, const at::Tensor& found_inf);
 
