@@ -15,6 +15,7 @@
 #include "headroom/memory/estimate.h"
 #include "headroom/memory/governor.h"
 #include "headroom/memory/starvation.h"
+#include "headroom/models/detector.h"
 #include "headroom/train/hooks.h"
 #include "governor_util.h"
 #include "train_util.h"
@@ -229,6 +230,11 @@ TEST(Governor, ValidationOutOfMemoryHalvesTheValidationBatchWithTheSameResult) {
   ASSERT_EQ(g->decisions().size(), 1u);
   EXPECT_EQ(g->decisions()[0].action.rfind("validation batch ", 0), 0u) << g->decisions()[0].action;
   for (size_t i = 0; i < clean->stats.size(); ++i) EXPECT_NEAR(governed->stats[i], clean->stats[i], 1e-9) << i;
+  // A validation pass and the training each end by emptying the allocator's cache (a phase's
+  // blocks are not the next one's sizes).
+  EXPECT_EQ(memory::CachingCpuAllocator::install().stats().cached, 0);
+  t.train();
+  EXPECT_EQ(memory::CachingCpuAllocator::install().stats().cached, 0);
 }
 
 // Without EMA, validation runs the training model itself: a pass that fails must leave it in
@@ -298,6 +304,22 @@ TEST(Governor, RefusesAModelTensorOffTheRunDevice) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("model parameter tensor of shape [2, 3] is on meta"), std::string::npos) << e.what();
   }
+  // The governor checks at the start of training: a model buffer, then an EMA buffer, elsewhere
+  // stops the run before its first step.
+  for (const std::string what : {"model buffer", "EMA buffer"}) {
+    train::Trainer run(parts_for(c, temp_dir("gov-device")));
+    govern(run, memory::governor_options(c, int64_t(1) << 30));
+    ASSERT_TRUE(run.ema());
+    torch::nn::Module& owner = what == "model buffer" ? static_cast<torch::nn::Module&>(run.model()) : *run.ema()->model();
+    owner.register_buffer("stray", elsewhere);
+    try {
+      run.train();
+      ADD_FAILURE() << "the run trained with its " << what << " off the device";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find(what + " tensor of shape [2, 3] is on meta"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(run.state().step, 0);
+  }
 }
 
 
@@ -354,8 +376,17 @@ class PeaksOf : public train::Hook {
 TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
   const int64_t budget = int64_t(1) << 30;
   // The decisions over a run of one step per scripted peak (a share of the budget), the
-  // allocator retrying in the steps `retried`.
-  const auto decisions = [&](const std::vector<double>& peaks, std::set<int64_t> retried) {
+  // allocator retrying in the steps `retried`, a validation pass that runs out of memory after
+  // step `validation_oom`.
+  struct ValidationOomAfter : train::Hook {
+    int64_t step = 0;
+    void after_step(train::Trainer& t) override {
+      if (t.state().step != step) return;
+      memory::CachingCpuAllocator::install().inject_oom_after(300);
+      EXPECT_TRUE(t.validate());
+    }
+  };
+  const auto decisions = [&](const std::vector<double>& peaks, std::set<int64_t> retried, int64_t validation_oom = 0) {
     auto monitor = std::make_shared<ScriptedMonitor>();
     const Config c = load_config("", tiny_run({"train.steps=" + std::to_string(peaks.size()), "memory.grow_after=2"}));
     train::TrainerParts parts = parts_for(c, temp_dir("gov-grow-half"));
@@ -363,6 +394,9 @@ TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
     train::Trainer t(std::move(parts));
     memory::Governor* g = govern(t, memory::governor_options(c, budget));
     t.register_hook(std::make_unique<PeaksOf>(*monitor, budget, peaks, std::move(retried)));
+    auto validation = std::make_unique<ValidationOomAfter>();
+    validation->step = validation_oom;
+    t.register_hook(std::move(validation));
     t.train();
     return g->decisions();
   };
@@ -381,6 +415,13 @@ TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[1].action, "micro_batch 2 -> 4");
   EXPECT_EQ(r[1].step, 9);
+  // Any out-of-memory error starts the count again, one in validation too: after step 5, steps 6
+  // and 7.
+  const std::vector<memory::MemoryDecision> v = decisions({0.95, 0.6, 0.1, 0.6, 0.1, 0.1, 0.1, 0.1}, {}, 5);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[1].action.rfind("validation batch ", 0), 0u) << v[1].action;
+  EXPECT_EQ(v[2].action, "micro_batch 2 -> 4");
+  EXPECT_EQ(v[2].step, 8);
 }
 
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
@@ -556,6 +597,16 @@ TEST(Governor, TheLadderNeverGoesBelowTheSmallestMicroBatchTheModelTrainsAt) {
   const Config c = load_config("", one_by_one_hourglass({"train.steps=2", "train.warmup_epochs=0"}));
   train::Trainer t(parts_for(c, temp_dir("gov-least")));
   EXPECT_EQ(t.loader().options().min_batch(), 2);
+  // The search's trial forwards (one image, refused; two) leave the BatchNorm statistics and the
+  // model's mode as they were.
+  for (const bool training : {true, false}) {
+    t.model().train(training);
+    const std::vector<at::Tensor> before = buffers_of(t.model());
+    EXPECT_EQ(models::smallest_trainable_batch(t.model(), 64), 2);
+    const std::vector<at::Tensor> after = buffers_of(t.model());
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << "buffer " << i;
+    EXPECT_EQ(t.model().is_training(), training);
+  }
   memory::Governor* g = govern(t, memory::governor_options(c, 0));
   const std::string what = climb_to_the_top(t);
   ASSERT_FALSE(what.empty()) << "expected the governor to give up";

@@ -60,7 +60,10 @@ void check_on_device(train::Trainer& t) {
   check_tensors_on(t.device(), "model parameter", t.model().parameters());
   check_tensors_on(t.device(), "model buffer", t.model().buffers());
   check_tensors_on(t.device(), "optimizer state", t.optimizer().state_tensors());
-  if (t.ema()) check_tensors_on(t.device(), "EMA", t.ema()->model()->parameters());
+  if (t.ema()) {
+    check_tensors_on(t.device(), "EMA parameter", t.ema()->model()->parameters());
+    check_tensors_on(t.device(), "EMA buffer", t.ema()->model()->buffers());
+  }
 }
 
 Governor::Governor(GovernorOptions options, std::shared_ptr<RecomputePlanner> planner)
@@ -301,6 +304,7 @@ void Governor::after_epoch(train::Trainer& t) {
 bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {
   monitor(t).release_cache();
   if (site == train::OomSite::validation) {
+    calm_steps_ = 0;  // memory is short now: the grow-back counts from the next step
     const int64_t b = t.state().val_batch;
     if (!o_.recover() || b <= 1) return false;
     t.state().val_batch = b / 2;
