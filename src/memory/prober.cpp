@@ -75,10 +75,10 @@ Prober::Prober(const Config& c, const std::shared_ptr<const data::Split>& split,
 Prober::Result Prober::step(int64_t b, bool gradients_held) {
   Result r;
   const data::HostBatch batch = synthetic_batch(b);
-  // cuDNN autotuning times every algorithm at a shape's first step, in trial workspaces the
-  // steady state does not hold: that step runs unobserved, and its cache is released before
-  // the measured one (enforce_budget).
-  if (tuned_ && warmed_.insert(b).second) train_once(batch, b, gradients_held);
+  // cuDNN autotuning times every algorithm at a shape's first step in each precision, in trial
+  // workspaces the steady state does not hold: that step runs unobserved, and its cache is
+  // released before the measured one (enforce_budget).
+  if (tuned_ && warmed_.insert({b, trainer_->amp()}).second) train_once(batch, b, gradients_held);
   StepTrace t(trainer_->model().stages().empty() ? 0 : size_t(stages_.back().end + 1), monitor_.device().is_cpu());
   trainer_->model().set_row_observer([&](int row) { on_row(row, t); });
   phases_->on = [&](train::StepPhase p) { on_phase(p, t, r); };

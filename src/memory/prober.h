@@ -106,7 +106,7 @@ class Prober {
   PhaseProbe* phases_ = nullptr;  // owned by trainer_
   std::vector<models::StageSpan> stages_;
   bool tuned_ = false;        // CUDA with cuDNN autotuning: each size's first step is a warm-up
-  std::set<int64_t> warmed_;  // the sizes stepped so far
+  std::set<std::pair<int64_t, train::AmpMode>> warmed_;  // the sizes stepped so far, in each precision
 };
 
 // The prober, or an InputError when the model and its training state alone exceed the budget.
