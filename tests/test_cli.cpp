@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "headroom/core/json.h"
+#include "headroom/data/letterbox.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -156,6 +157,18 @@ TEST(Cli, MemoryPrintsTheEstimateTable) {
   const Json j = Json::parse(json, "stdout");
   EXPECT_EQ(j.find("modes")->size(), 3u);
   EXPECT_GT(j.find("budget")->as_number(), 0);
+  // data.cache=ram on the CPU: the decoded training images come off the budget, as in `trainer train`.
+  // A CUDA allocator key there is said to do nothing.
+  r = test::run_trainer("memory --config " + cfg + " --budget 64MiB --json data.cache=ram memory.expandable_segments=true" +
+                        tiny_model_args());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("memory: expandable_segments:True are CUDA allocator settings; they do nothing on cpu"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("data.cache=ram: the decoded training images take"), std::string::npos) << r.output;
+  const size_t cached = r.output.find('{', r.output.find("the tensors get the other"));
+  ASSERT_NE(cached, std::string::npos) << r.output;
+  const double left = Json::parse(r.output.substr(cached, r.output.rfind('}') - cached + 1), "stdout").find("budget")->as_number();
+  EXPECT_EQ(int64_t(left), (int64_t(64) << 20) - 26 * data::canvas_bytes(64));  // small_synth's 26 training images
   r = test::run_trainer("memory --config " + cfg + " --budget 8apples" + tiny_model_args());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("memory.budget: '8apples' is not a budget"), std::string::npos) << r.output;
@@ -279,11 +292,17 @@ TEST(Cli, PredictOnJpegsGivesUltralyticsDetections) {
   int counts[2] = {0, 0}, total = 0;
   for (int fast = 0; fast < 2; ++fast) {
     const std::string out = dir + (fast ? "/fast" : "/auto");
-    test::RunResult r = test::run_trainer("predict --weights " + fixtures + "ul_yolov8t_shapes.pt --source " + fixtures +
-                                          "images --conf 0.25 --save-dir " + out + " data.imgsz=320 device=cpu" +
-                                          (fast ? " eval.preprocess=fast" : ""));
+    // In a subshell so that only stdout goes to the file; the log (stderr) comes back in r.output.
+    test::RunResult r = test::run_command(std::string("(") + HEADROOM_TRAINER + " predict --weights " + fixtures +
+                                          "ul_yolov8t_shapes.pt --source " + fixtures + "images --conf 0.25 --save-dir " +
+                                          out + " data.imgsz=320 device=cpu" +
+                                          (fast ? " eval.preprocess=fast" : " --json > " + dir + "/stdout.json") + ")");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output.find("full-scale decoding") != std::string::npos, !fast) << r.output;
+    // --json prints what predictions.json holds on stdout, and only that.
+    if (!fast) {
+      EXPECT_EQ(read_json_file(dir + "/stdout.json").dump(1), read_json_file(out + "/predictions.json").dump(1));
+    }
     counts[fast] = unmatched_detections(read_json_file(out + "/predictions.json"), theirs, &total);
   }
   printf("predict on JPEGs against Ultralytics' %d detections: %d unmatched (eval.preprocess auto), %d (fast)\n", total,

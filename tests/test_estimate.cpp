@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -143,10 +144,23 @@ TEST(AutoBatch, EveryStepSumsExactlyNominalBatchImages) {
   train::Trainer t(parts_for(c, temp_dir("auto-exact")));
   memory::Governor* g = govern(t);
   g->set_micro_batch(a.batch);
+  struct Parts : train::Hook {  // the forward passes each step ran: its micro-batches
+    std::map<int64_t, int> of_step;
+    void after_phase(train::Trainer& tr, train::StepPhase p) override {
+      if (p == train::StepPhase::forward) ++of_step[tr.state().step];
+    }
+  };
+  auto parts = std::make_unique<Parts>();
+  const Parts* seen = parts.get();
+  t.register_hook(std::move(parts));
   t.train();
   EXPECT_EQ(t.accumulate(), 1);
   EXPECT_EQ(t.state().step, 2);
   EXPECT_EQ(t.state().images, 24);
+  EXPECT_TRUE(g->decisions().empty());
+  // Each step cut its 12 images into micro-batches of the chosen size and a remainder.
+  const int cut = int((12 + a.batch - 1) / a.batch);
+  EXPECT_EQ(seen->of_step, (std::map<int64_t, int>{{0, cut}, {1, cut}})) << "micro-batch " << a.batch;
 }
 
 // A run that chose its batch resumes at that micro-batch without searching again: its budget

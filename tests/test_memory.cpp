@@ -108,6 +108,34 @@ TEST(CpuAllocator, CachedBlocksAreReturnedBeforeAnOutOfMemoryError) {
   a.release_cache();
 }
 
+// The cache keeps at most twice the largest working set since it was last emptied, or 64 MiB
+// where that is more, and gives up its oldest blocks first.
+TEST(CpuAllocator, TheCacheHoldsAtMostTwiceTheWorkingSetOrSixtyFourMiBOldestGoingFirst) {
+  auto& a = memory::CachingCpuAllocator::install();
+  a.release_cache();
+  // Tensors of 1 to 20 MiB, each freed before the next: no cached block fits a later, larger one,
+  // so each stays cached until the cap gives up the oldest (210 MiB freed in all).
+  for (int64_t mib = 1; mib <= 20; ++mib) {
+    { const at::Tensor t = at::empty({mib << 18}, at::kFloat); }
+    EXPECT_LE(a.stats().cached, int64_t(64) << 20) << mib << " MiB";
+  }
+  EXPECT_GE(a.stats().cached, int64_t(57) << 20);  // the newest: 20 + 19 + 18 MiB (with 17 over 64)
+  // The newest block is still there: 20 MiB again maps nothing.
+  const int64_t mappings = a.stats().mappings;
+  { const at::Tensor t = at::empty({int64_t(20) << 18}, at::kFloat); }
+  EXPECT_EQ(a.stats().mappings, mappings);
+  // A working set of 48 MiB allows 96.
+  a.release_cache();
+  {
+    std::vector<at::Tensor> step;
+    for (int i = 0; i < 3; ++i) step.push_back(at::empty({int64_t(16) << 18}, at::kFloat));
+  }
+  for (int64_t mib = 21; mib <= 40; ++mib) { const at::Tensor t = at::empty({mib << 18}, at::kFloat); }
+  EXPECT_GT(a.stats().cached, int64_t(64) << 20);
+  EXPECT_LE(a.stats().cached, int64_t(97) << 20);  // 2 x (48 MiB and the blocks' headers and pages)
+  a.release_cache();
+}
+
 // The process's resident memory follows what the allocator counts, with glibc's settings left as
 // they are: large tensors freed stay resident only while cached, and release_cache() returns them
 // to the system.

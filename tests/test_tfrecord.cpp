@@ -387,8 +387,14 @@ TEST(TfRecord, ExifTurnedImagesKeepTheirBoxesOnTheRightPixels) {
 // trained on for 2 steps with validation.
 TEST(TfRecord, ATfRecordSetTrainsAndValidates) {
   const std::string dir = test::temp_dir("tfrecord-train");
-  test::RunResult r = test::run_trainer("data convert --from " + test::small_synth() + " --to tfrecord --shards 2 --out " + dir + "/rec");
+  test::RunResult r = test::run_trainer("data convert --from " + test::small_synth() + " --to tfrecord --shards 2 --out " + dir +
+                                        "/rec --json > " + dir + "/convert.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json summary = Json::parse(test::read_bytes(dir + "/convert.json"), "data convert --json");
+  EXPECT_EQ(summary.find("data_yaml")->as_string(), dir + "/rec/data.yaml");
+  const int64_t images = int64_t(summary.find("images")->find("train")->as_number() + summary.find("images")->find("val")->as_number());
+  EXPECT_EQ(images, 32);  // small_synth's images
+  EXPECT_GT(summary.find("boxes")->as_number(), 0);
   r = test::run_trainer("data check --data " + dir + "/rec/data.yaml");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("problems: none"), std::string::npos) << r.output;

@@ -1,9 +1,11 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "headroom/cli/run.h"
 #include "headroom/core/logging.h"
 #include "headroom/data/dataset.h"
 #include "headroom/memory/estimate.h"
+#include "headroom/train/parts.h"
 
 namespace headroom::cli {
 
@@ -21,12 +23,14 @@ void add_memory_command(CLI::App& app, int& exit_code) {
   cmd->callback([&exit_code] {
     std::vector<std::string> o = overrides;
     if (!budget.empty()) o.push_back("memory.budget=" + budget);
-    const Config c = load_run_config(config_path, o);
+    Config c = load_run_config(config_path, o);
     const c10::Device device = run_device(c);
     memory::apply_allocator_settings(c.memory, device);
     const std::unique_ptr<MemoryMonitor> monitor = memory::make_memory_monitor(device);
-    const int64_t bytes = memory::resolve_budget(c.memory.budget, *monitor);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    // As `trainer train` has it: on the CPU a RAM cache's images come off the tensors' share.
+    const int64_t bytes = budget_beside_ram_cache(c, memory::resolve_budget(c.memory.budget, *monitor), *split,
+                                                  train::load_val_split(c).get(), device);
     const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, bytes);
     if (json)
       print_json(memory::memory_estimate_json(e));

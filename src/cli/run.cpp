@@ -47,6 +47,8 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
   return a;
 }
 
+}  // namespace
+
 // On the CPU memory.budget bounds the process, and data.cache=ram's decoded images live in it:
 // the training images' bytes come off the tensors' share before the automatic batch and the
 // governor see it (the validation images' cache, made at the first validation, is the process's
@@ -73,8 +75,6 @@ int64_t budget_beside_ram_cache(Config& c, int64_t budget, const data::Split& tr
                            : std::string());
   return budget - bytes;
 }
-
-}  // namespace
 
 Run build_run(Config c, c10::Device device, RunOptions o) {
   Run run;

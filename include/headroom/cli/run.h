@@ -40,4 +40,8 @@ struct Run {
 
 Run build_run(Config c, c10::Device device, RunOptions options = {});
 
+// The budget the tensors get beside data.cache=ram's decoded training images on the CPU (the
+// budget itself elsewhere); a cache over half the budget is not made: c.data.cache becomes none.
+int64_t budget_beside_ram_cache(Config& c, int64_t budget, const data::Split& train, const data::Split* val, c10::Device device);
+
 }  // namespace headroom::cli
