@@ -47,6 +47,37 @@ TEST(Estimate, PredictedPeakIsWithinTenPercentOfRealTrainingSteps) {
   }
 }
 
+// The estimate's update workspace is what the optimizer's update allocates beyond its state,
+// measured on the run's own optimizer: SGD none, AdamW the largest parameter, MuSGD at least its
+// Muon matrices twice (Newton-Schulz's batches come on top); the fused kernels none.
+TEST(Estimate, TheUpdateWorkspaceIsWhatTheOptimizerAllocates) {
+  auto monitor = cpu_monitor();
+  auto& alloc = memory::CachingCpuAllocator::install();
+  for (const std::string kind : {"sgd", "adamw", "musgd"}) {
+    const Config c = load_config("", tiny_run({"train.optimizer=" + kind}));
+    const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
+    const memory::MemoryEstimate e = memory::estimate_memory(c, split, *monitor, 0, memory::EstimateOptions().all_modes(false));
+    train::Trainer t(parts_for(c, temp_dir("update-workspace")));
+    int64_t extra = 0;
+    for (int step = 0; step < 2; ++step) {  // the first step makes the state
+      for (auto& p : t.model().parameters()) p.mutable_grad() = at::randn(p.sizes());
+      alloc.reset_peak();
+      const int64_t before = alloc.current();
+      t.optimizer().step();
+      extra = alloc.peak() - before;
+    }
+    if (kind == "sgd" || t.optimizer().fused()) {
+      EXPECT_EQ(e.update_workspace, 0) << kind;
+    } else {
+      EXPECT_GT(e.update_workspace, 0) << kind;
+    }
+    EXPECT_GE(extra, e.update_workspace) << kind;
+    if (kind != "musgd") {
+      EXPECT_LE(extra, e.update_workspace + 1024) << kind;  // and 0-dim factors
+    }
+  }
+}
+
 TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
   auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({}));
