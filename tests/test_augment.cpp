@@ -428,6 +428,10 @@ TEST(Augment, MultiScaleSizesAreMultiplesInRange) {
   const augment::Augmenter closing(augment::AugmenterOptions().policy(o).epochs(10));
   EXPECT_TRUE(closing.mosaic_in_epoch(6));
   EXPECT_FALSE(closing.mosaic_in_epoch(7));
+  // A run no longer than close_mosaic trains without mosaic throughout (docs/augmentation.md).
+  o.close_mosaic = 10;
+  const augment::Augmenter short_run(augment::AugmenterOptions().policy(o).epochs(4));
+  for (int64_t epoch = 0; epoch < 4; ++epoch) EXPECT_FALSE(short_run.mosaic_in_epoch(epoch)) << epoch;
 }
 
 TEST(Augment, CudaEqualsCpu) {
