@@ -8,9 +8,12 @@
 # the epoch boundaries' idle time, the 8 GiB Hourglass-104 proof, the
 # estimator on Hourglass-104 at 512, the TF OD API user's pipeline, a --nproc larger than the GPU
 # count, bench_augment and the rest of the suite in shards (asked for by name: the demo in each
-# precision, named tests, YOLO26n against YOLOv8n at 300 epochs). Logs and JSON under $OUT, a short
-# table last. All stages take more than one call's 10 minutes: a lease of 15 fits two calls, e.g.
-# STAGES="gpu speed peers" (about 7 minutes on an H200, estimated) then STAGES="boundary hg104 estimate".
+# precision, named tests, YOLO26n against YOLOv8n at 300 epochs). $OUT gets three files (a call
+# brings back at most 8): summary.txt (a short table), stages.log (each stage's output) and
+# results.tar.gz (the JSON lines and samples, refreshed before each stage, so a cut call keeps them).
+# All stages take more than one call: the lease's 15 minutes hold the machine's start, one full
+# call (DEADLINE=540, timeout_s 600), e.g. STAGES="gpu speed boundary hg104", and a second one
+# sized to what status says is left, e.g. STAGES="peers estimate" DEADLINE=<budget_left_s - 90>.
 # It also runs here, on the CPU, to check its logic (tiny steps, GPU parts skipped):
 #   PYTHON=build-cuda/venv/bin/python OUT=/tmp/out QUICK=1 bash scripts/device/check.sh
 set -uo pipefail
@@ -18,18 +21,24 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/headroom-device-out}
 PYTHON=${PYTHON:-python3}
 QUICK=${QUICK:-0}
-mkdir -p "$OUT"
+RES=/tmp/headroom-device-results  # everything but the table and the log, packed into $OUT/results.tar.gz
+rm -rf "$RES" && mkdir -p "$OUT" "$RES"
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
 STAGES=" ${STAGES:-gpu speed peers boundary hg104 estimate pipeline nproc augment suite} "  # which of the stages below, e.g. STAGES="gpu demo tests"
 want() { [[ $STAGES == *" $1 "* ]]; }
 DEADLINE=${DEADLINE:-540}  # seconds: the run's 600 less the transfers
-lim() { local left=$(( DEADLINE - $(elapsed) )); (( left < $1 )) && echo $left || echo $1; }  # a stage's limit
+lim() {  # a stage's limit: at most $1 seconds, at least 1 (timeout 0 would mean none)
+  local left=$(( DEADLINE - $(elapsed) ))
+  (( left < 1 )) && left=1
+  (( left < $1 )) && echo $left || echo $1
+}
 status() { printf '%-24s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 log=$OUT/stages.log  # every stage's output, in order (at most 8 files come back)
 : > "$log"
-stage() { echo "=== $1 ($(elapsed) s)" >> "$log"; }
+pack() { tar czf "$OUT/results.tar.gz.part" -C "$RES" . && mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"; }
+stage() { pack; echo "=== $1 ($(elapsed) s)" >> "$log"; }
 # the lines of a training log that say what happened, into the stages log
 keep_lines() { grep -E 'train.batch auto|micro-batch .* img/s|memory governor|memory, epoch|data, epoch|done:|skipped|rror|Average Precision  \(AP\) @\[ IoU=0.50 ' "$1" | cut -c1-600 >> "$log"; }
 
@@ -37,8 +46,8 @@ torch_dir=$("$PYTHON" -W ignore -c 'import os, torch; print(os.path.dirname(torc
   { status torch "not importable with $PYTHON"; exit 1; }
 site=$(dirname "$torch_dir")
 libs="$torch_dir/lib:$(ls -d "$site"/nvidia/*/lib "$site"/nvidia/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64:/usr/local/cuda/lib"
-{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } > "$OUT/gpu.txt" 2>&1
-status gpu "$(head -1 "$OUT/gpu.txt")"
+{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"; } > "$RES/gpu.txt" 2>&1
+status gpu "$(head -1 "$RES/gpu.txt")"
 [[ -f .device-bin.tar.gz ]] && { rm -rf .device-bin; tar xzf .device-bin.tar.gz; }  # the carried pack
 # The binaries carry this checkout's path (HEADROOM_SOURCE_DIR: models/, the test fixtures).
 src_dir=$(strings -n 8 .device-bin/bin/trainer 2>/dev/null | grep -m1 -o '^/[^ ]*/main$' || true)
@@ -53,23 +62,26 @@ if [[ -x .device-bin/bin/trainer ]]; then
   # ... and the tests the trainer's path in that checkout's build folder
   t_path=$(strings -n 8 .device-bin/bin/headroom_tests | grep -m1 -o '^/[^ ]*/trainer$' || true)
   [[ -n $t_path && ! -e $t_path ]] && mkdir -p "$(dirname "$t_path")" && ln -s "$PWD/.device-bin/bin/trainer" "$t_path"
+  # ... and the ONNX tests' oracle (build/onnxruntime/bin/python here) in this machine's Python
+  mkdir -p build/onnxruntime/bin && ln -sf "$(command -v "$PYTHON")" build/onnxruntime/bin/python
   status build "carried ($(cat .device-bin/commit))"
 else
   B=build-device
   prefix="$torch_dir/share/cmake;$torch_dir;$PWD/.device-deps/usr"
   export LD_LIBRARY_PATH="$PWD/.device-deps/usr/lib/x86_64-linux-gnu:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if cmake -S . -B $B -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
-       -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 > "$OUT/build.log" 2>&1 &&
-     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment bench_train bench_checkpoint >> "$OUT/build.log" 2>&1; then
+       -DCUDAToolkit_ROOT=/usr/local/cuda -DHEADROOM_CUDA_ARCHS=9.0 -DHEADROOM_ONNXRUNTIME_PYTHON="$(command -v "$PYTHON")" \
+       > "$RES/build.log" 2>&1 &&
+     ninja -C $B -j "$(nproc)" trainer headroom_tests bench_memory bench_augment bench_train bench_checkpoint >> "$RES/build.log" 2>&1; then
     mv $B/tests/headroom_tests $B/headroom_tests
     status build "ok ($(elapsed) s)"
   else
-    status build "FAILED (build.log)"; grep -m 20 -A 5 'error' "$OUT/build.log"; exit 1
+    status build "FAILED (build.log)"; grep -m 20 -A 5 'error' "$RES/build.log"; pack; exit 1
   fi
 fi
-$B/trainer version --json > "$OUT/version.json" 2>&1
-status version "$(grep -o '"available": [a-z]*' "$OUT/version.json" | head -1)"
-cuda=$(grep -q '"available": true' "$OUT/version.json" && echo 1 || echo 0)
+$B/trainer version --json > "$RES/version.json" 2>&1
+status version "$(grep -o '"available": [a-z]*' "$RES/version.json" | head -1)"
+cuda=$(grep -q '"available": true' "$RES/version.json" && echo 1 || echo 0)
 dev=$([[ $cuda == 1 ]] && echo cuda || echo cpu)
 if [[ $QUICK == 1 ]]; then n_img=24; size=128; steps=3; hg_size=128; else n_img=600; size=512; steps=210; hg_size=512; fi
 
@@ -93,23 +105,25 @@ fi
 # 1b. Issue 26: the step's speed with each GPU default and without it, in one run (bench_train:
 #     img/s, the device's busy share from CUDA events, the phases): YOLOv8n 640 b64 fp16 SGD
 #     (goal >= 1000 img/s) and Hourglass-104 512 b16 fp16 Adam (goal >= 200 img/s), each as
-#     configured, without the side stream, without cuDNN autotuning, without CUDA graphs, in
-#     channels_last and in bf16. No warmup epochs: SGD's warmup moves the momentum every step, which
-#     keeps its graphs from capturing (as in a real run's first epochs).
+#     configured, without CUDA graphs, in channels_last and in bf16 (SPEED_VARIANTS: override sets
+#     separated by ';', the empty first one the configured run; add data.side_stream=false and
+#     train.cudnn_benchmark=off where time allows). No warmup epochs: SGD's warmup moves the
+#     momentum every step, which keeps its graphs from capturing (as in a real run's first epochs).
 if want speed; then
   if [[ $QUICK == 1 ]]; then sp_steps=2; sp_warm=1; v8=(data.imgsz=128 train.batch=4 train.nominal_batch=4); hg=(data.imgsz=128 train.batch=2 train.nominal_batch=2)
   else sp_steps=30; sp_warm=8; v8=(data.imgsz=640 train.batch=64 train.nominal_batch=64); hg=(data.imgsz=512 train.batch=16 train.nominal_batch=16); fi
   amp=$([[ $cuda == 1 ]] && echo fp16 || echo off)
-  for variant in "" "train.cuda_graphs=off" "data.side_stream=false" "train.cudnn_benchmark=off" "model.channels_last=true" "train.amp=bf16"; do
+  IFS=';' read -ra variants <<< "${SPEED_VARIANTS-;train.cuda_graphs=off;model.channels_last=true;train.amp=bf16}"
+  for variant in "${variants[@]}"; do
     for model in yolov8n hg104; do
       stage "bench_train $model $variant"
       if [[ $model == yolov8n ]]; then args=(--config configs/demo.yaml --images 640 model.file=models/yolov8n.yaml "${v8[@]}" train.optimizer=sgd)
       else args=(--config configs/centernet_hg104.yaml --images 160 "${hg[@]}"); fi
       # shellcheck disable=SC2086 # the variant is one override or none
-      timeout $(lim 60) $B/bench_train "${args[@]}" --steps $sp_steps --warmup $sp_warm --data /tmp/headroom-bench-train device=$dev \
+      timeout $(lim 45) $B/bench_train "${args[@]}" --steps $sp_steps --warmup $sp_warm --data /tmp/headroom-bench-train device=$dev \
         train.amp=$amp train.warmup_epochs=0 $variant > /tmp/bench_train.jsonl 2>> "$log"
       rc=$?
-      sed "s/^{/{\"variant\": \"$model ${variant:-default}\", /" /tmp/bench_train.jsonl >> "$OUT/bench_train.jsonl"
+      sed "s/^{/{\"variant\": \"$model ${variant:-default}\", /" /tmp/bench_train.jsonl >> "$RES/bench_train.jsonl"
       status "speed $model ${variant:-default}" "rc=$rc; $(grep -o '"img_per_s": *[0-9.]*\|"device_busy_pct": *[0-9.]*\|"graph_captures": *[0-9]*\|"graphs_kept": *[a-z]*\|"epoch_boundary_device_s": *[0-9.e-]*' /tmp/bench_train.jsonl | tr '\n' ' ')"
     done
   done
@@ -137,14 +151,14 @@ if want peers; then
       stage "peer $name"
       PYTHONPATH=$psite${PYTHONPATH:+:$PYTHONPATH} timeout $(lim 120) "$PYTHON" scripts/device/peers.py "$@" --device $pdev > /tmp/peer.json 2>> "$log"
       local rc=$?
-      tail -1 /tmp/peer.json >> "$OUT/peers.jsonl"
+      tail -1 /tmp/peer.json >> "$RES/peers.jsonl"
       status "peer $name" "rc=$rc; $(tail -1 /tmp/peer.json | cut -c1-200)"
     }
     peer "ultralytics e2e" ultralytics --data $v8syn/data.yaml "${pv[@]}"
     stage "headroom e2e"
     timeout $(lim 120) $B/trainer train --config configs/yolov8s.yaml model.file=models/yolov8n.yaml data.dataset=$v8syn/data.yaml device=$dev \
       data.imgsz="${pv[1]}" train.batch="${pv[3]}" train.nominal_batch="${pv[3]}" train.epochs="${pv[5]}" data.workers="${pv[7]}" \
-      train.plots=false project=/tmp/headroom-runs name=v8e2e exist_ok=true > /tmp/train_v8e2e.log 2>&1
+      augment.close_mosaic=0 train.plots=false project=/tmp/headroom-runs name=v8e2e exist_ok=true > /tmp/train_v8e2e.log 2>&1
     rc=$?
     keep_lines /tmp/train_v8e2e.log
     status "headroom e2e" "rc=$rc; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_v8e2e.log | tr '\n' ';' | cut -c1-160) $(grep -o 'AP50-95 [0-9.]* AP50 [0-9.]*' /tmp/train_v8e2e.log | tail -1)"
@@ -174,7 +188,7 @@ if want hg104; then
     keep_lines "$hg_log"
     status "hg104 8GiB $prefer" "rc=$rc; $(grep -o 'train.batch auto: micro-batch [0-9]*' "$hg_log" | head -1); $(grep -o '[0-9.]* img/s [a-z]*  (chosen)' "$hg_log" | head -1)"
     status "  epochs" "$(grep -c 'memory, epoch' "$hg_log"); governor decisions $(grep -c 'memory governor, step' "$hg_log"); OOMs $(grep -o '[0-9]* OOMs' "$hg_log" | tail -1); $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' "$hg_log" | tail -3 | tr '\n' ';')"
-    status "  max reserved" "$(grep -o 'allocated, [0-9.]* [KMG]iB reserved' "$hg_log" | awk '{print $2, $3}' | sort -h | tail -1) (budget 8 GiB); host RSS $(grep -o 'host RSS [0-9.]* [KMG]iB' "$hg_log" | awk '{print $3 $4}' | tr '\n' ' ')"
+    status "  max reserved" "$(grep -o 'allocated, [0-9.]* [KMG]iB reserved' "$hg_log" | awk '{print $2 $3}' | sort -h | tail -1) (budget 8 GiB); host RSS $(grep -o 'host RSS [0-9.]* [KMG]iB' "$hg_log" | awk '{print $3 $4}' | tr '\n' ' ')"
     status "  device busy" "$(grep -o '[a-z:0-9]* busy [0-9]*% from the first step' "$hg_log" | awk '{print $3}' | tr '\n' ' ')"
   done
 fi
@@ -186,7 +200,7 @@ fi
 if want boundary; then
   for async in true false; do
     stage "boundary async_checkpoints=$async"
-    util=$OUT/boundary_util_$async.csv
+    util=$RES/boundary_util_$async.csv
     [[ $cuda == 1 ]] && { nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "$util" 2>&1 & util_pid=$!; }
     timeout $(lim 90) $B/trainer train --config configs/centernet_hg104.yaml data.dataset=$syn/data.yaml data.imgsz=$hg_size device=$dev \
       train.steps=0 train.batch=16 train.nominal_batch=16 train.amp=$([[ $cuda == 1 ]] && echo fp16 || echo off) train.epochs=$([[ $QUICK == 1 ]] && echo 2 || echo 4) \
@@ -205,8 +219,8 @@ if want boundary; then
   for staging in "" --unstaged; do
     [[ $QUICK == 1 ]] && break  # a 3 GB model
     stage "bench_checkpoint $staging"
-    timeout $(lim 60) $B/bench_checkpoint --async --device $dev $staging --dir /tmp/headroom-bench-checkpoint >> "$OUT/bench_checkpoint.jsonl" 2>> "$log"
-    status "  snapshot ${staging:-staged}" "rc=$? $(tail -1 "$OUT/bench_checkpoint.jsonl" | grep -o '"[a-z]*_held_[a-z_]*seconds": *[0-9.e-]*' | tr '\n' ' ')"
+    timeout $(lim 60) $B/bench_checkpoint --async --device $dev $staging --dir /tmp/headroom-bench-checkpoint >> "$RES/bench_checkpoint.jsonl" 2>> "$log"
+    status "  snapshot ${staging:-staged}" "rc=$? $(tail -1 "$RES/bench_checkpoint.jsonl" | grep -o '"[a-z]*_held_[a-z_]*seconds": *[0-9.e-]*' | tr '\n' ' ')"
   done
 fi
 
@@ -216,8 +230,8 @@ if want estimate && [[ $QUICK != 1 ]]; then
     stage "bench_memory $mode"
     sets=(); for kv in $mode; do sets+=(--set "$kv"); done
     timeout $(lim 50) $B/bench_memory --device $dev --data /tmp/headroom-bench-memory --only centernet_hg104_512 --estimate-only "${sets[@]}" \
-      >> "$OUT/bench_memory.jsonl" 2>> "$log"
-    status "  estimate $mode" "rc=$? $(tail -1 "$OUT/bench_memory.jsonl" | grep -o '"error": *[-0-9.e]*')"
+      >> "$RES/bench_memory.jsonl" 2>> "$log"
+    status "  estimate $mode" "rc=$? $(tail -1 "$RES/bench_memory.jsonl" | grep -o '"error": *[-0-9.e]*')"
   done
 fi
 
@@ -228,15 +242,15 @@ if want pipeline; then
   rm -rf $pl && mkdir -p $pl && cp tests/fixtures/tfod/pipeline.config $pl/
   $B/trainer data convert --from $syn/data.yaml --to tfrecord --out $pl/annotations > /dev/null 2>&1 && mv $pl/annotations/val.record $pl/annotations/test.record
   stage "pipeline"
-  [[ $cuda == 1 ]] && { nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/pipeline_gpu_util.csv" 2>&1 & util_pid=$!; }
+  [[ $cuda == 1 ]] && { nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 > "$RES/pipeline_gpu_util.csv" 2>&1 & util_pid=$!; }
   (cd $pl && timeout $(lim 70) "$OLDPWD/$B/trainer" train --config pipeline.config device=$dev "model.init_from=''" train.steps=$(( steps / 2 )) \
     train.val_every_steps=0 train.plots=false project=/tmp/headroom-runs name=pipeline exist_ok=true) > /tmp/train_pipeline.log 2>&1
   rc=$?
   [[ $cuda == 1 ]] && kill $util_pid 2>/dev/null
   keep_lines /tmp/train_pipeline.log
   status "tfod pipeline" "rc=$rc; $(grep -o 'done: [0-9]* steps in [0-9:]* ([0-9.]* img/s, data wait [0-9]*%)' /tmp/train_pipeline.log | tail -1)"
-  [[ -s $OUT/pipeline_gpu_util.csv ]] &&
-    status "  gpu utilisation" "$(awk -F', ' '{s+=$1; n++; if ($2>m) m=$2} END {if (n) printf "mean %.0f%% over %d samples, memory used up to %d MiB", s/n, n, m}' "$OUT/pipeline_gpu_util.csv")"
+  [[ -s $RES/pipeline_gpu_util.csv ]] &&
+    status "  gpu utilisation" "$(awk -F', ' '{s+=$1; n++; if ($2>m) m=$2} END {if (n) printf "mean %.0f%% over %d samples, memory used up to %d MiB", s/n, n, m}' "$RES/pipeline_gpu_util.csv")"
 fi
 
 # 5. More processes than GPUs: NCCL cannot put two ranks on one GPU; the run must say so.
@@ -261,7 +275,7 @@ if want demo; then
       project=/tmp/headroom-runs name=demo_$i exist_ok=true > /tmp/demo_$i.log 2>&1
     rc=$?
     keep_lines /tmp/demo_$i.log
-    status "demo $sets" "rc=$rc; $(grep -o 'box [0-9.]* cls [0-9.]* dfl [0-9.]*, val AP50-95 [0-9.]* AP50 [0-9.]*; [0-9]* skipped steps' /tmp/demo_$i.log | tail -1)"
+    status "demo $sets" "rc=$rc; $(grep -o 'box [0-9.]* cls [0-9.]* dfl [0-9.]* val AP50-95 [0-9.]* AP50 [0-9.]*; [0-9]* skipped steps' /tmp/demo_$i.log | tail -1)"
   done
 fi
 
@@ -293,8 +307,8 @@ fi
 
 # 7. Augmentation on the GPU against per-image OpenCV on this machine's cores.
 if want augment && [[ $QUICK != 1 ]]; then
-  timeout $(lim 30) $B/bench_augment --device $dev > "$OUT/bench_augment.jsonl" 2>> "$log"
-  status bench_augment "rc=$? $(wc -l < "$OUT/bench_augment.jsonl") lines"
+  timeout $(lim 30) $B/bench_augment --device $dev > "$RES/bench_augment.jsonl" 2>> "$log"
+  status bench_augment "rc=$? $(wc -l < "$RES/bench_augment.jsonl") lines"
 fi
 
 # 8. Named tests with their whole output (TESTS, a gtest filter).
@@ -313,10 +327,11 @@ if want suite && (( left > 30 )) && [[ $QUICK != 1 ]]; then
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout $left $B/headroom_tests --gtest_filter="-$gpu_tests" > /tmp/shard$i.log 2>&1 &
   done
   wait
-  cat /tmp/shard*.log | grep -E '^\[  FAILED  \]|^\[  PASSED  \]|tests? ran' > "$OUT/suite.txt"
-  status suite "$(grep -c '^\[  PASSED  \]' "$OUT/suite.txt")/$shards shards passed; failed: $(grep '^\[  FAILED  \].*\.' "$OUT/suite.txt" | grep -v listed | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  cat /tmp/shard*.log | grep -E '^\[  FAILED  \]|^\[  PASSED  \]|tests? ran' > "$RES/suite.txt"
+  status suite "$(grep -L '^\[  FAILED  \]' /tmp/shard*.log | wc -l)/$shards shards without a failure; failed: $(grep '^\[  FAILED  \].*\.' "$RES/suite.txt" | grep -v listed | awk '{print $4}' | sort -u | tr '\n' ' ')"
   # each failed test's own output
-  for f in /tmp/shard*.log; do awk '/^\[ RUN      \]/{buf=""} {buf=buf $0 "\n"} /^\[  FAILED  \] [A-Za-z]+\.[A-Za-z]+ \(/{printf "%s", buf}' "$f"; done | cut -c1-400 >> "$log"
+  for f in /tmp/shard*.log; do awk '/^\[ RUN      \]/{buf=""} {buf=buf $0 "\n"} /^\[  FAILED  \] [A-Za-z0-9_]+\.[A-Za-z0-9_]+ \(/{printf "%s", buf}' "$f"; done | cut -c1-400 >> "$log"
 fi
+pack
 status total "$(elapsed) s"
-cat "$OUT/bench_memory.jsonl" 2>/dev/null | cut -c1-600 || true
+cat "$RES/bench_memory.jsonl" 2>/dev/null | cut -c1-600 || true

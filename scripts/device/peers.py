@@ -63,10 +63,12 @@ def offline_ultralytics():
 
             stub.read_csv = read_csv
             sys.modules["polars"] = stub
-    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("YOLO_OFFLINE", "True")  # Ultralytics compares its lower case with "true"
+    import ultralytics.data.utils as data_utils
     import ultralytics.engine.trainer as trainer
 
     trainer.check_amp = lambda *a, **k: True
+    data_utils.check_font = lambda *a, **k: None  # it would try to download a font, with no timeout
 
 
 def absolute_data_yaml(data, project):
