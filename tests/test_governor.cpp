@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <regex>
 #include <set>
 
 #include "headroom/core/device.h"
@@ -91,10 +92,24 @@ TEST(Governor, AnOomAtStepKEndsWithTheWeightsOfTheSmallerMicroBatchFromTheStart)
       inject_at(t, 3, 200);
     else
       g->set_micro_batch(2);
+    testing::internal::CaptureStdout();
+    testing::internal::CaptureStderr();
     t.train();
+    const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
     weights.push_back(params_of(t.model()));
     images.push_back(t.state().images);
-    if (inject) decisions = g->decisions(), micro = g->micro_batch(t);
+    if (inject) {
+      decisions = g->decisions(), micro = g->micro_batch(t);
+      // The lines docs/memory.md quotes and scripts/device/check.sh reads, word for word.
+      const std::string bytes = "[0-9.]+ (B|KiB|MiB|GiB)";
+      EXPECT_TRUE(std::regex_search(log, std::regex("memory governor, step 4: micro_batch 4 -> 2 \\(out of memory: [^\\n]*injected")))
+          << log;
+      EXPECT_TRUE(std::regex_search(log, std::regex("memory, epoch 1: peak " + bytes + " allocated, " + bytes +
+                                                    " reserved, of budget none; fragmentation now [0-9]+%; since the start 0 "
+                                                    "allocator retries, 1 OOMs; micro-batch 2; host RSS " + bytes + " \\(peak " +
+                                                    bytes + "\\): " + bytes + " tensors and cache, " + bytes + " the rest")))
+          << log;
+    }
     EXPECT_EQ(t.state().step, 6);
   }
   EXPECT_EQ(images[0], images[1]);  // no sample lost or repeated
