@@ -98,20 +98,7 @@ MemoryEstimate estimate_header(const Config& c, Prober& p, MemoryMonitor& monito
   e.min_batch = p.min_batch();
   e.batch = c.train.batch;
   e.fixed = static_memory(p.trainer());
-  // The update's own memory beside its state (train/optimizer.cpp): on the in-place path Adam's,
-  // AdamW's and RMSprop's one workspace the size of the largest parameter, SGD's none, MuSGD's
-  // new buffers and updates of its Muon matrices (Newton-Schulz's bf16 batches come on top); the
-  // fused kernels none.
-  train::Optimizer& optimizer = p.trainer().optimizer();
-  const train::OptimizerKind kind = optimizer.options().kind();
-  if (!optimizer.fused())
-    for (const train::ParamGroup& g : optimizer.groups())
-      for (const at::Tensor& param : g.params) {
-        if (kind == train::OptimizerKind::adam || kind == train::OptimizerKind::adamw || kind == train::OptimizerKind::rmsprop)
-          e.update_workspace = std::max<int64_t>(e.update_workspace, int64_t(param.nbytes()));
-        else if (kind == train::OptimizerKind::musgd && g.muon)
-          e.update_workspace += 2 * int64_t(param.nbytes());
-      }
+  e.update_workspace = p.trainer().optimizer().update_workspace_bytes();
   e.stages = p.stages().size();
   e.nominal_batch = c.train.nominal_batch;
   e.prefetch = c.data.prefetch;

@@ -207,6 +207,11 @@ MuonUpdates muon_updates(const std::vector<at::Tensor>& grads, const std::vector
   return out;
 }
 
+// Adam's, AdamW's and RMSprop's in-place update needs one workspace; SGD's and MuSGD's SGD part none.
+bool needs_workspace(OptimizerKind kind) {
+  return kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::rmsprop;
+}
+
 }  // namespace
 
 OptimizerKind optimizer_kind_from(const std::string& word) { return enum_from_word(word, kOptimizerKind); }
@@ -250,6 +255,19 @@ std::vector<ParamGroup> parameter_groups(torch::nn::Module& model, double weight
     }
   }
   return out;
+}
+
+int64_t Optimizer::update_workspace_bytes() const {
+  if (fused_) return 0;
+  int64_t bytes = 0;
+  for (const ParamGroup& g : groups_)
+    for (const at::Tensor& p : g.params) {
+      if (needs_workspace(options_.kind()))
+        bytes = std::max<int64_t>(bytes, int64_t(p.nbytes()));
+      else if (options_.kind() == OptimizerKind::musgd && g.muon)
+        bytes += 2 * int64_t(p.nbytes());
+    }
+  return bytes;
 }
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options)
@@ -342,8 +360,7 @@ void Optimizer::step_in_place(std::vector<Active>& active, int64_t largest, cons
   // twice its matrices, and Newton-Schulz's bf16 batches).
   const OptimizerKind kind = options_.kind();
   const at::Tensor& p0 = active.front().params.front();
-  const bool needs_workspace = kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::rmsprop;
-  const at::Tensor workspace = needs_workspace ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
+  const at::Tensor workspace = needs_workspace(kind) ? at::empty({largest}, p0.options()) : at::Tensor();  // SGD updates in place without one
   // Skipped by the device's flag without reading it (GroupStep): the gradients zeroed where it is
   // set, before anything reads them.
   const at::Tensor skip = found_inf.defined() ? found_inf.gt(0) : at::zeros({}, p0.options().dtype(at::kBool));

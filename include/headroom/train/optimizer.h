@@ -75,6 +75,11 @@ class Optimizer {
   std::vector<ParamGroup>& groups() { return groups_; }
   const OptimizerOptions& options() const { return options_; }
   bool fused() const { return fused_; }
+  // Bytes an update allocates beside the state (the estimator counts them): on the in-place path
+  // Adam's, AdamW's and RMSprop's one workspace the size of the largest parameter, SGD's none,
+  // MuSGD's new buffers and updates of its Muon matrices (Newton-Schulz's bf16 batches come on
+  // top); the fused kernels none.
+  int64_t update_workspace_bytes() const;
   // Updates then read each group's lr from a device tensor that load_rates fills from the groups
   // (queued before the update, outside a captured graph), so that a graph replayed at every step
   // (train/step_graph.h) follows the schedule.
