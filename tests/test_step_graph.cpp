@@ -184,8 +184,9 @@ struct GraphRun {
 
 // One epoch of the small set (6 steps of 4 images, then one of 2) through the governor's
 // executor at micro-batch 2, graphs on or off; after step `change_at`, micro-batch 1.
+// Every `validate_every` steps (0: never), Trainer::validate as the eval hook calls it.
 GraphRun train_with_graphs(const std::string& graphs, const std::string& model, const std::string& amp, int64_t change_at = 0,
-                           bool recompute = false, const std::vector<std::string>& extra = {}) {
+                           bool recompute = false, const std::vector<std::string>& extra = {}, int64_t validate_every = 0) {
   const c10::Device cuda(c10::kCUDA, 0);
   struct Deterministic {  // cuDNN's own run-to-run differences out of the comparison
     bool before = at::globalContext().deterministicCuDNN();
@@ -216,6 +217,14 @@ GraphRun train_with_graphs(const std::string& graphs, const std::string& model, 
     }
   };
   t.register_hook(std::make_unique<Change>(g, change_at));
+  struct Validate : train::Hook {
+    int64_t every;
+    explicit Validate(int64_t every) : every(every) {}
+    void after_step(train::Trainer& tr) override {
+      if (every > 0 && tr.state().step % every == 0) tr.validate();
+    }
+  };
+  t.register_hook(std::make_unique<Validate>(validate_every));
   t.train();
   GraphRun r;
   r.weights = params_of(t.model());
@@ -276,11 +285,39 @@ TEST(StepGraph, StepsThatRecomputeRunEagerly) {
 // Steps 1-2 eager, 3 captured, 4 replayed, validation, 5 captured, 6 replayed, 7 (2 images) eager.
 TEST(StepGraph, ValidationGivesTheGraphBack) {
   if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
-  const GraphRun graphed = train_with_graphs("on", "yolov8.yaml", "off", 0, false, {"train.val_every_steps=4"}),
-                 eager = train_with_graphs("off", "yolov8.yaml", "off", 0, false, {"train.val_every_steps=4"});
+  const GraphRun graphed = train_with_graphs("on", "yolov8.yaml", "off", 0, false, {}, 4),
+                 eager = train_with_graphs("off", "yolov8.yaml", "off", 0, false, {}, 4);
   EXPECT_EQ(graphed.captures, 2);
   EXPECT_EQ(graphed.replays, 2);  // since the last capture: its own step (5) and 6
   EXPECT_LT(relative_difference(graphed.weights, eager.weights), 1e-5);
+}
+
+// A cuDNN failure inside a capture, which the governor elsewhere takes for an out-of-memory
+// error in disguise, is the capture's: the same step had just run eagerly. auto trains eagerly
+// from then on (the step runs again, eagerly); on stops the run, naming it.
+TEST(StepGraph, ACudnnFailureInACaptureIsTheCapturesNotTheGovernors) {
+  if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const train::GraphMode mode : {train::GraphMode::auto_, train::GraphMode::on}) {
+    train::StepGraph g(cuda, mode);
+    const at::Tensor x = at::zeros({4}, at::TensorOptions().device(cuda));
+    int calls = 0;
+    const std::function<void()> step = [&] {
+      TORCH_CHECK(++calls != 3, "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR");  // the third call is the capture
+      x.add_(1);
+    };
+    EXPECT_EQ(g.run("k", {x}, step), train::StepGraph::Ran::eager);
+    EXPECT_EQ(g.run("k", {x}, step), train::StepGraph::Ran::eager);
+    if (mode == train::GraphMode::on) {
+      const std::string what = thrown([&] { g.run("k", {x}, step); });
+      EXPECT_TRUE(has(what, "train.cuda_graphs=on") && has(what, "CUDNN_STATUS_INTERNAL_ERROR")) << what;
+      continue;
+    }
+    EXPECT_EQ(g.run("k", {x}, step), train::StepGraph::Ran::eager);  // the capture failed; the step ran eagerly
+    EXPECT_FALSE(g.active());
+    EXPECT_EQ(g.captures(), 0);
+    EXPECT_EQ(x.sum().item<float>(), 12.0f);  // three steps ran, each once
+  }
 }
 
 // An epoch's smaller last step runs eagerly; the next epoch's first step, whose shapes were

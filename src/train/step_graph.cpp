@@ -121,7 +121,9 @@ StepGraph::Ran StepGraph::run(const std::string& key, const std::vector<at::Tens
                   "the device, which a graph cannot hold. CUDA's state after a failed capture is not safe to train on, so the run "
                   "stops here; the last checkpoint is intact. Resume with train.cuda_graphs=off, and report the message");
     const auto* error = dynamic_cast<const c10::Error*>(&e);
-    if (!error || is_out_of_memory(*error)) throw;  // the governor's: a smaller micro-batch is another key
+    // Out of memory is the governor's (a smaller micro-batch is another key); a cuDNN failure that
+    // may be one in disguise is the capture's here: the same step ran eagerly twice just before.
+    if (!error || memory_failure(*error) == MemoryFailure::out_of_memory) throw;
     if (mode_ == GraphMode::on)
       throw Error("train.cuda_graphs=on: the step could not be captured as a CUDA graph: " + what +
                   ". Use train.cuda_graphs=auto (which then trains eagerly) or off");

@@ -59,7 +59,8 @@ class StepGraph {
   // step starts from: it is run again eagerly if the capture fails) and replays it. `inputs` are
   // every device tensor the step reads that changes between steps, in the same order each time.
   // `eager_because` (said once per reason): this step cannot be captured and runs eagerly.
-  // Errors: an out-of-memory error in a capture is thrown as it is (nothing ran); a capture CUDA
+  // Errors: an out-of-memory error in a capture is thrown as it is (nothing ran; a cuDNN failure
+  // that is often one in disguise is not: the same step just ran eagerly); a capture CUDA
   // invalidated ends the run with an Error (the device is not safe to use after it); with `on`,
   // any other LibTorch error in a capture is an Error too, where auto trains eagerly from then
   // on; an error of another kind is the step's own and is thrown as it is.
