@@ -234,6 +234,32 @@ TEST(Checkpoint, ATrainersCheckpointIsItsStepWhileTheNextStepsRun) {
   EXPECT_TRUE(equal_lists(params_of(*ema), save.ema)) << "the file holds an EMA of a later step";
 }
 
+// A write that fails on the writer thread (here its copy to best.pt, on a full disk) stops the
+// run after the step during which it failed, naming the file; before, the run trained on without
+// checkpoints until the next one (here: none before the run's end, step 40).
+TEST(Checkpoint, AFailedWriteStopsTheRunAfterItsStep) {
+  const std::string dir = temp_dir("ck-fail-run");
+  const Config c = load_config("", tiny_run({"train.steps=40", "train.val_every=0"}));
+  train::Trainer t(parts_for(c, dir));
+  struct FailingCopy : train::Hook {
+    std::string dir;
+    explicit FailingCopy(std::string dir) : dir(std::move(dir)) {}
+    void after_step(train::Trainer& tr) override {
+      if (tr.state().step == 2)
+        tr.save_checkpoint(dir + "/step2.pt", [this] { throw Error(dir + "/best.pt: write failed (No space left on device)"); });
+    }
+  };
+  t.register_hook(std::make_unique<FailingCopy>(dir));
+  try {
+    t.train();
+    ADD_FAILURE() << "the run ended without the failed write";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/best.pt: write failed"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(t.state().step, 40);
+  EXPECT_NO_THROW(train::checkpoint_meta(dir + "/step2.pt"));  // the file itself was written
+}
+
 TEST(Checkpoint, ASnapshotThatDoesNotFitTheBudgetIsNotTaken) {
   const std::string dir = temp_dir("ck-fit"), path = dir + "/step1.pt";
   const Config c = load_config("", tiny_run({"train.steps=2", "train.val_every=0"}));
@@ -396,4 +422,6 @@ TEST(Checkpoint, AProcessKilledWhileAFileIsWrittenLeavesEveryCheckpointLoadable)
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   EXPECT_EQ(train::checkpoint_meta(weights + "/last.pt").find("step")->as_number(), 40);
+  for (const auto& f : fs::directory_iterator(weights))  // the killed process's temporary went at the resume
+    EXPECT_EQ(f.path().filename().string().find(".tmp"), std::string::npos) << f.path();
 }

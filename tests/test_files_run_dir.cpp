@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -94,6 +95,22 @@ TEST(Files, AtomicFilesStreamCopyAndVanishWhenNotCommitted) {
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 2);
+}
+
+// The temporaries of processes that are gone (killed while they wrote) are removed; a live
+// process's, and every other file, stay.
+TEST(Files, RemovesTheTemporariesOfProcessesThatAreGone) {
+  const std::string dir = test::temp_dir("abandoned");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // gone
+  const std::string dead = dir + "/.last.pt.tmp" + std::to_string(child) + ".123",
+                    live = dir + "/.best.pt.tmp" + std::to_string(::getpid()) + ".7";
+  for (const std::string& f : {dead, live, dir + "/last.pt", dir + "/.hidden.tmp"}) test::write_bytes(f, "x");
+  EXPECT_EQ(remove_abandoned_temporaries(dir), 1);
+  EXPECT_FALSE(fs::exists(dead));
+  for (const std::string& f : {live, dir + "/last.pt", dir + "/.hidden.tmp"}) EXPECT_TRUE(fs::exists(f)) << f;
 }
 
 TEST(RunDir, PicksAFreshNameUnlessReuseIsAsked) {

@@ -340,6 +340,63 @@ TEST(Train, AResumeKeepsThePrecisionOfTheRun) {
   }
 }
 
+// A resume continues the model it trained: the model file edited since (a pooling size, which
+// the saved tensors' shapes cannot tell) is refused, naming the checkpoint and the fix, and the
+// run's files stay as they were.
+TEST(Train, AResumeRefusesAModelFileEditedSince) {
+  const std::string dir = test::temp_dir("resume-edit");
+  const std::vector<std::string> o = tiny_run({"project=" + dir + "/runs", "name=r", "train.steps=2", "train.val_every=0"});
+  ASSERT_EQ(test::run_trainer("train --config " + config_file(dir, o)).exit_code, 0);
+  const std::string last = dir + "/runs/r/weights/last.pt", bytes = test::read_bytes(last);
+  std::string model_file;
+  for (const auto& k : o)
+    if (k.rfind("model.file=", 0) == 0) model_file = k.substr(11);
+  std::string text = test::read_bytes(model_file);
+  const size_t at = text.find("SPPF, [1024, 5]");
+  ASSERT_NE(at, std::string::npos) << text;
+  test::write_bytes(model_file, text.replace(at, 15, "SPPF, [1024, 3]"));
+  const test::RunResult r = test::run_trainer("train --resume " + last);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(last + ": the run trained the model"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("now describes another"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.init_from=" + last), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(last), bytes);
+}
+
+// Resumed from an older checkpoint (best.pt, an earlier step file), a run keeps the step files
+// it writes: the abandoned run's later ones are left as they were, not counted against
+// train.keep, so the newest file written is the one --resume auto finds.
+TEST(Train, AResumeFromAnOlderCheckpointKeepsTheStepFilesItWrites) {
+  const std::string dir = test::temp_dir("resume-prune"), weights = dir + "/weights/";
+  const Config c = load_config("", tiny_run({"train.steps=6", "train.save_every_steps=1", "train.keep=2", "train.val_every=0"}));
+  struct At : train::Hook {
+    int64_t step;
+    std::function<void(train::Trainer&)> then;
+    At(int64_t step, std::function<void(train::Trainer&)> then) : step(step), then(std::move(then)) {}
+    void after_step(train::Trainer& t) override {
+      if (t.state().step == step) then(t);
+    }
+  };
+  {
+    train::Trainer t(parts_for(c, dir));
+    train::register_default_hooks(t, c);
+    t.register_hook(std::make_unique<At>(2, [&](train::Trainer& tr) { tr.save_checkpoint(weights + "older.pt"); }));
+    t.train();
+  }
+  ASSERT_TRUE(fs::exists(weights + "step_00000005.pt") && fs::exists(weights + "step_00000006.pt"));
+  ASSERT_FALSE(fs::exists(weights + "step_00000003.pt"));
+  train::Trainer t(parts_for(c, dir));
+  train::register_default_hooks(t, c);
+  t.register_hook(std::make_unique<At>(4, [](train::Trainer& tr) { tr.state().stop = true; }));
+  t.load_checkpoint(weights + "older.pt");
+  t.train();
+  for (const char* kept : {"step_00000003.pt", "step_00000004.pt", "step_00000005.pt", "step_00000006.pt"})
+    EXPECT_TRUE(fs::exists(weights + kept)) << kept;
+  EXPECT_EQ(train::checkpoint_meta(weights + "last.pt").find("step")->as_number(), 4);
+  EXPECT_EQ(train::find_resume_checkpoint(fs::path(dir).parent_path().string(), fs::path(dir).filename().string()),
+            weights + "last.pt");
+}
+
 TEST(Train, CtrlCWritesACheckpointAndSaysHowToResume) {
   const std::string dir = test::temp_dir("sigint");
   const std::string cfg = config_file(dir, tiny_run({"project=" + dir + "/runs", "name=r", "train.steps=100000",

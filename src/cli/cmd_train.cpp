@@ -10,6 +10,7 @@
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/text.h"
 #include "headroom/dist/group.h"
 #include "headroom/dist/launch.h"
 #include "headroom/train/checkpoints.h"
@@ -47,11 +48,17 @@ Config resume_config(const std::string& checkpoint, const std::string& run_dir, 
   const std::string yaml = train::checkpoint_config_yaml(checkpoint);
   const std::string tmp = (fs::temp_directory_path() / ("headroom-resume-" + std::to_string(::getpid()) + ".yaml")).string();
   write_file_atomic(tmp, yaml);
+  // Origins and errors name the checkpoint, not the temporary file that is gone when they are read.
+  const std::string stored = checkpoint + " (its stored config)";
   try {
     Config c = load_run_config(tmp, all);
     fs::remove(tmp);
     c.source = checkpoint;
+    for (auto& [key, origin] : c.origin) origin = replace_all(origin, tmp, stored);
     return c;
+  } catch (const InputError& e) {
+    fs::remove(tmp);
+    throw InputError(replace_all(e.what(), tmp, stored));
   } catch (...) {
     fs::remove(tmp);
     throw;

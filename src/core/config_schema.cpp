@@ -391,8 +391,8 @@ std::vector<ConfigKey> build_schema() {
                "Write checkpoints behind the training: a snapshot of the state (CUDA: copied into reused pinned host buffers "
                "on the step's stream, no host sync; CPU: a copy, taken only where it fits beside the step's peak under "
                "memory.budget minus memory.headroom) is written by a thread, atomically as always, while the next steps "
-               "run. A failed write stops the run at the next checkpoint or at its end. false: the step waits for the file."),
-      int_key<int>("train.keep", [](Config& c) -> int& { return c.train.keep; }, 1, 1 << 20, "Step checkpoints kept (the newest)."),
+               "run. A failed write stops the run after the step during which it failed. false: the step waits for the file."),
+      int_key<int>("train.keep", [](Config& c) -> int& { return c.train.keep; }, 1, 1 << 20, "Step checkpoints kept: the newest up to the step written (later ones, of a run resumed before its end, stay)."),
       int_key<int>("train.log_every", [](Config& c) -> int& { return c.train.log_every; }, 1, 1 << 20,
                    "Optimizer steps between reads of the device counters (and at every epoch's end): one host sync each, none "
                    "else in a step; the progress line and the non-finite guard use each read."),

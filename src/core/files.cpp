@@ -1,13 +1,16 @@
 #include "headroom/core/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <vector>
 
@@ -47,6 +50,20 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
 }
 
 AtomicFile::~AtomicFile() { discard(); }
+
+int remove_abandoned_temporaries(const std::string& dir) {
+  static const std::regex kTemporary(R"(\..+\.tmp([0-9]+)\.[0-9]+)");  // AtomicFile's names
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = f.path().filename().string();
+    if (!std::regex_match(name, m, kTemporary)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) removed += fs::remove(f.path(), ec) ? 1 : 0;
+  }
+  return removed;
+}
 
 void AtomicFile::discard() {
   if (fd_ >= 0) ::close(fd_);

@@ -214,20 +214,36 @@ ArchiveFile load_archive_verified(torch::serialize::InputArchive& archive, const
   return f;
 }
 
-LoadedWeights load_weights(const std::string& path, c10::Device device) {
-  torch::serialize::InputArchive archive;
-  load_archive_verified(archive, path, c10::Device(c10::kCPU), "weights file");
+namespace {
+
+Json stored_meta(torch::serialize::InputArchive& archive, const std::string& path) {
   c10::IValue meta_value;
   if (!archive.try_read(kMetaKey, meta_value) || !meta_value.isString())
     throw InputError(path + ": not a Headroom weights file (no model description inside)");
-  const Json meta = Json::parse(meta_value.toStringRef(), path);
+  Json meta = Json::parse(meta_value.toStringRef(), path);
   const Json* format = meta.find("format");
   if (!format || format->as_number() != kFormat) throw InputError(path + ": weights format not supported by this Headroom");
+  return meta;
+}
+
+ModelSpec spec_of(const Json& meta) {
   ModelSpec spec;
   spec.file = meta.find("model_file")->as_string();
   spec.text = meta.find("model_yaml")->as_string();
   spec.scale = meta.find("scale")->as_string();
   spec.nc = static_cast<int64_t>(meta.find("nc")->as_number());
+  return spec;
+}
+
+}  // namespace
+
+ModelSpec stored_model(torch::serialize::InputArchive& archive, const std::string& path) { return spec_of(stored_meta(archive, path)); }
+
+LoadedWeights load_weights(const std::string& path, c10::Device device) {
+  torch::serialize::InputArchive archive;
+  load_archive_verified(archive, path, c10::Device(c10::kCPU), "weights file");
+  const Json meta = stored_meta(archive, path);
+  const ModelSpec spec = spec_of(meta);
   LoadedWeights out;
   out.model = Detector(spec);
   try {

@@ -78,6 +78,7 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::wait() {
   if (thread_.joinable()) thread_.join();
+  failed_flag_ = false;
   if (failed_) std::rethrow_exception(std::exchange(failed_, nullptr));
 }
 
@@ -189,6 +190,7 @@ void CheckpointWriter::write(torch::serialize::OutputArchive archive, std::strin
       if (then) then();
     } catch (...) {
       failed_ = std::current_exception();
+      failed_flag_ = true;
     }
     staged.clear();
     archive = torch::serialize::OutputArchive();  // the snapshot's memory goes back before the flag says so

@@ -326,6 +326,9 @@ class CheckpointHook : public Hook {
   CheckpointHook(int64_t save_every, int64_t keep) : save_every_(save_every), keep_(keep) {}
   // Killed between a checkpoint and its copy as best.pt: the run resumes from the best model.
   void before_train(Trainer& t) override {
+    // A process killed while it wrote left its temporary file (up to the state's size) behind.
+    if (const int n = remove_abandoned_temporaries((fs::path(t.run_dir()) / "weights").string()))
+      spdlog::info("checkpoints: removed {} temporary file(s) a killed run left in {}/weights", n, t.run_dir());
     if (t.state().step == 0 || t.state().best_step != t.state().step) return;
     const std::string best = weights_path(t, "best.pt");
     try {
@@ -341,9 +344,9 @@ class CheckpointHook : public Hook {
       char name[64];
       std::snprintf(name, sizeof name, "step_%08lld.pt", (long long)t.state().step);
       const std::string written = weights_path(t, name);
-      t.save_checkpoint(written, [this, written, best, dir = t.run_dir()] {
+      t.save_checkpoint(written, [this, written, best, dir = t.run_dir(), step = t.state().step] {
         if (!best.empty()) copy_file_atomic(written, best);
-        prune(dir);
+        prune(dir, step);
       });
     } else if (!best.empty()) {
       t.save_checkpoint(best);
@@ -368,11 +371,18 @@ class CheckpointHook : public Hook {
     });
     if (!best.empty()) best_saved_step_ = t.state().step;
   }
-  void prune(const std::string& run_dir) const {
+  // Keeps the newest `keep` step files up to `step`. Later ones are a run this one resumed before
+  // the end of (from best.pt, an older step file): left alone, as they were, until this run
+  // writes over them; counting them would delete the file just written.
+  void prune(const std::string& run_dir, int64_t step) const {
+    static const std::regex kStepFile("step_([0-9]+)\\.pt");
     std::vector<std::string> steps;
     std::error_code ec;
-    for (const auto& f : fs::directory_iterator(fs::path(run_dir) / "weights", ec))
-      if (std::regex_match(f.path().filename().string(), std::regex("step_[0-9]+\\.pt"))) steps.push_back(f.path().string());
+    for (const auto& f : fs::directory_iterator(fs::path(run_dir) / "weights", ec)) {
+      std::smatch m;
+      const std::string name = f.path().filename().string();
+      if (std::regex_match(name, m, kStepFile) && std::stoll(m[1].str()) <= step) steps.push_back(f.path().string());
+    }
     std::sort(steps.begin(), steps.end());
     for (size_t i = 0; i + size_t(keep_) < steps.size(); ++i) fs::remove(steps[i], ec);
   }

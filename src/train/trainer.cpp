@@ -117,6 +117,7 @@ void Trainer::train() {
   while (!state_.stop && state_.step < total_steps()) {
     run_step();
     each_hook([&](Hook& h) { h.after_step(*this); });
+    if (checkpoint_writer_.failed()) checkpoint_writer_.wait();  // throws: the run stops at the failed write, not a checkpoint later
     if (state_.batch >= nb) end_epoch();
   }
   if (!state_.stop && state_.batch > 0) end_epoch();  // train.steps ended inside an epoch
@@ -377,6 +378,14 @@ void Trainer::load_checkpoint(const std::string& path) {
   load_checkpoint_archive(path, device_, root);
   if (!root.try_read("checkpoint", state))
     throw InputError(path + ": a weights file without training state; start a new run from it with model.init_from=" + path);
+  // The model is rebuilt from the config's model file: one edited since would take the saved
+  // tensors where their shapes allow (a pooling size, an activation), and train another network.
+  const models::ModelSpec stored = models::stored_model(root, path);
+  if (stored.text != model_->yaml_text() || stored.scale != model_->scale())
+    throw InputError(path + ": the run trained the model " + stored.file + (stored.scale.empty() ? "" : " scale " + stored.scale) +
+                     ", and " + model_->yaml_file() + (model_->scale().empty() ? "" : " scale " + model_->scale()) +
+                     " now describes another (edited since?): a resumed run continues the model it trained. Restore that "
+                     "file, or start a new run from these weights with model.init_from=" + path);
   registry_.load(state, path);
   spdlog::info("resumed from {}: epoch {}, step {} of {}", path, state_.epoch + 1, state_.step, total_steps());
 }

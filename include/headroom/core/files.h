@@ -26,6 +26,10 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// Removes from `dir` the temporary files of AtomicFiles whose process is gone (killed while it
+// wrote: a checkpoint's can be gigabytes); those of live processes stay. Returns how many.
+int remove_abandoned_temporaries(const std::string& dir);
+
 // The same for contents already in memory.
 void write_file_atomic(const std::string& path, const std::string& contents);
 

@@ -17,6 +17,8 @@ std::string to_lower(std::string_view s);
 bool ends_with(std::string_view s, std::string_view suffix);
 // Up to the first newline (an exception's message without its backtrace).
 std::string first_line(std::string_view s);
+// `s` with every `from` replaced by `to`.
+std::string replace_all(std::string s, std::string_view from, std::string_view to);
 
 // Strict number parsing: the whole (trimmed) text must be the number.
 std::optional<int64_t> parse_int(std::string_view s);

@@ -43,6 +43,10 @@ ArchiveFile load_archive_verified(torch::serialize::InputArchive& archive, const
 // True when the file ends with a Headroom weights or checkpoint trailer (no hash check).
 bool has_headroom_trailer(const std::string& path);
 
+// The model description write_weights stored in `archive` (file, YAML text, scale, class count);
+// InputError naming `path` when it holds none.
+ModelSpec stored_model(torch::serialize::InputArchive& archive, const std::string& path);
+
 struct LoadedWeights {
   Detector model{nullptr};
   WeightsInfo info;

@@ -43,12 +43,15 @@ class CheckpointWriter {
              bool stage = false);
   // Waits for the write in flight; throws its failure (once).
   void wait();
+  // The write in flight has failed (its failure is thrown by the next wait or write): the trainer
+  // looks after every step and stops the run there, not an epoch later at the next checkpoint.
+  bool failed() const { return failed_flag_.load(); }
   // A snapshot is alive: its write has not finished (it may not have been waited for yet).
   bool writing() const { return writing_.load(); }
 
  private:
   std::thread thread_;
-  std::atomic<bool> writing_{false};
+  std::atomic<bool> writing_{false}, failed_flag_{false};
   std::exception_ptr failed_;
   std::vector<at::Tensor> pinned_;  // reused host buffers for CUDA tensors, in archive order
   std::vector<c10::Stream> transfer_;  // per device, the staged copies' stream to the host, held for every write
