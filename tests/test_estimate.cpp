@@ -106,12 +106,17 @@ TEST(Estimate, TheTableHasEveryPartAndAllThreeModes) {
                            "per image", "loss and assigner", "largest batch under", "(stride "})
     EXPECT_NE(table.find(part), std::string::npos) << part << "\n" << table;
   // CUDA's side stream holds the next step's input beside the step: one more set of its augmented
-  // images (8 per step here) in every prediction and in the table. The CPU has none.
+  // images (8 per step here), and the augmentation's working memory for one loader batch (4
+  // images), measured in the probes' input phase: the side stream's cached blocks are its own.
+  // In every prediction and in the table. The CPU has no side stream.
   EXPECT_FALSE(e.input_beside);
   EXPECT_EQ(table.find("side stream"), std::string::npos);
+  EXPECT_GT(e.augment_per_image, 0);
   memory::MemoryEstimate beside = e;
   beside.input_beside = true;
-  EXPECT_EQ(beside.predicted_peak(4) - e.predicted_peak(4), 8 * 3 * e.imgsz * e.imgsz * 4);
+  EXPECT_EQ(beside.predicted_peak(4) - e.predicted_peak(4), 8 * 3 * e.imgsz * e.imgsz * 4 + int64_t(e.augment_per_image * 4));
+  beside.step_batch = 8;  // train.batch auto: the loader batch is the step, augmented as one
+  EXPECT_EQ(beside.next_input(4), 8 * 3 * e.imgsz * e.imgsz * 4 + int64_t(e.augment_per_image * 8));
   EXPECT_NE(memory::format_memory_estimate(beside).find("the next step's input (side stream)"), std::string::npos);
   // A step captured as a CUDA graph: the graph holds the inputs its capture read, one more set of
   // the step's images, in the modes that recompute nothing (steps that recompute run eagerly). The

@@ -54,7 +54,11 @@ int64_t MemoryEstimate::augmented_bytes(int64_t images) const { return images * 
 
 int64_t MemoryEstimate::step_inputs(int64_t b) const { return augmented_bytes(step_images(b) - b); }
 
-int64_t MemoryEstimate::next_input(int64_t b) const { return input_beside ? augmented_bytes(step_images(b)) : 0; }
+int64_t MemoryEstimate::next_input(int64_t b) const {
+  if (!input_beside) return 0;
+  const int64_t loader_batch = step_batch > 0 ? std::max(step_batch, b) : b;  // augmented as one
+  return augmented_bytes(step_images(b)) + int64_t(augment_per_image * double(loader_batch));
+}
 
 int64_t MemoryEstimate::graph_inputs(int64_t b) const { return step_graphed ? augmented_bytes(step_images(b)) : 0; }
 
@@ -135,6 +139,7 @@ MemoryEstimate estimate_memory(const Config& c, const std::shared_ptr<const data
       m.configured = (amp == cfg.first && ck == cfg.second);
       e.modes.push_back(std::move(m));
     }
+    e.augment_per_image = p.augment_per_image();
   }
   const ProcessMemory host = process_memory();
   e.host_rss = host.rss;
@@ -162,7 +167,8 @@ std::string format_memory_estimate(const MemoryEstimate& e) {
     s += fmt::format("  {:<40}{:>12}\n", fmt::format("the step's other {} batches, augmented", e.accumulate(e.batch) - 1),
                      b(double(e.step_inputs(e.batch))));
   if (e.input_beside)
-    s += fmt::format("  {:<40}{:>12}\n", "the next step's input (side stream)", b(double(e.next_input(e.batch))));
+    s += fmt::format("  {:<40}{:>12}  (and its augmentation's working memory)\n", "the next step's input (side stream)",
+                     b(double(e.next_input(e.batch))));
   if (e.step_graphed)
     s += fmt::format("  {:<40}{:>12}  (without recompute)\n", "the CUDA graph's inputs", b(double(e.graph_inputs(e.batch))));
   for (const auto& m : e.modes) {
@@ -223,7 +229,7 @@ Json memory_estimate_json(const MemoryEstimate& e) {
                        {"input_buffers_at_batch", e.input_buffers(e.batch)}, {"input_buffers_on_device", e.input_buffers_on_device},
                        {"step_inputs_at_batch", e.step_inputs(e.batch)}, {"next_input_at_batch", e.next_input(e.batch)},
                        {"graph_inputs_at_batch", e.graph_inputs(e.batch)}, {"step_graphed", e.step_graphed},
-                       {"input_beside", e.input_beside}, {"host_rss", e.host_rss},
+                       {"input_beside", e.input_beside}, {"augment_per_image", e.augment_per_image}, {"host_rss", e.host_rss},
                        {"host_peak_rss", e.host_peak_rss}, {"modes", std::move(modes)}});
 }
 
@@ -318,6 +324,7 @@ struct BatchSearch {
     use_plan(b);
     const int64_t predicted = option(b).predicted_peak;
     const Prober::Result r = p.step(b, a.estimate.step_images(b) > b);
+    a.estimate.augment_per_image = p.augment_per_image();
     const int64_t total =
         r.fits ? std::max(r.step_peak + a.estimate.step_inputs(b), r.update_peak) + a.estimate.next_input(b) + graph_inputs(b) +
                      a.estimate.input_buffers(b)
@@ -446,6 +453,7 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   ModeEstimate plain = probe_mode(p, train::AmpMode::off, configured_ck, {least, least + 1});
   plain.configured = true;
   a.estimate.modes.push_back(plain);
+  a.estimate.augment_per_image = p.augment_per_image();
   const int64_t cap = a.step_batch;
   if (plan_auto) fit_recompute_planner(p, least, cap, plain, a);
   BatchSearch search(p, a, plain, configured_ck, least, cap, monitor, base);
@@ -551,6 +559,7 @@ std::shared_ptr<RecomputePlanner> make_recompute_planner(const Config& c, const 
   plain.configured = true;
   MemoryEstimate e = estimate_header(c, p, monitor, budget, world);
   e.modes = {plain, recomputed};
+  e.augment_per_image = p.augment_per_image();
   return std::make_shared<RecomputePlanner>(std::move(e), std::move(plain), std::move(recomputed));
 }
 

@@ -90,7 +90,12 @@ Prober::Result Prober::step(int64_t b, bool gradients_held) {
   trainer_->model().set_row_observer(nullptr);
   phases_->on = nullptr;
   monitor_.release_cache();
-  if (r.fits) split_by_stage(t, r);
+  if (r.fits) {
+    split_by_stage(t, r);
+    // At the largest batch probed: a fixed part divided by a small batch would be multiplied
+    // by the whole loader batch in the estimate.
+    if (b >= augment_batch_) augment_batch_ = b, augment_per_image_ = r.augment_transient / double(b);
+  }
   return r;
 }
 
@@ -138,6 +143,7 @@ void Prober::on_phase(train::StepPhase p, StepTrace& t, Result& r) {
   t.overall_held = std::max(t.overall_held, t.held(s));
   if (p == train::StepPhase::input) {
     t.input_end = s.allocated;
+    r.augment_transient = double(std::max<int64_t>(0, s.peak_allocated - s.allocated));
     t.in_forward = true;
     monitor_.synchronize();
     t.forward_start = std::chrono::steady_clock::now();

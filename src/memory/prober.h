@@ -62,6 +62,9 @@ class Prober {
     double workspace = 0;             // loss phase peak above the forward's end
     double update_seconds = 0;        // the optimizer step and the EMA update
     double forward_peak = 0;          // at the forward's end plus the loss workspace (above base)
+    // The input phase's peak above what it holds at its end: the augmentation's working memory
+    // beyond the images it hands over (one loader batch, in pieces on the CPU, whole on CUDA).
+    double augment_transient = 0;
     std::vector<double> stage_bytes;  // kept per stage after the forward
     std::vector<double> stage_seconds;
     double seconds = 0;
@@ -82,6 +85,8 @@ class Prober {
   int64_t rows() const { return rows_; }
   int64_t densest() const { return densest_; }
   int64_t min_batch() const { return min_batch_; }
+  // The augmentation's working memory per loader image, at the largest batch probed so far.
+  double augment_per_image() const { return augment_per_image_; }
   const std::vector<models::StageSpan>& stages() const { return stages_; }
 
  private:
@@ -105,6 +110,8 @@ class Prober {
   std::unique_ptr<train::Trainer> trainer_;
   PhaseProbe* phases_ = nullptr;  // owned by trainer_
   std::vector<models::StageSpan> stages_;
+  double augment_per_image_ = 0;
+  int64_t augment_batch_ = 0;
   bool tuned_ = false;        // CUDA with cuDNN autotuning: each size's first step is a warm-up
   std::set<std::pair<int64_t, train::AmpMode>> warmed_;  // the sizes stepped so far, in each precision
 };

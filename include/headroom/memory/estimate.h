@@ -80,6 +80,10 @@ struct MemoryEstimate {
   // CUDA with data.side_stream: the next step's input is prepared on the side stream while this
   // step runs, and each step's input is held until the compute stream is done with it.
   bool input_beside = false;
+  // The augmentation's working memory per loader image beyond the images it hands over (measured
+  // in the probes' input phase): with input_beside it runs on the side stream, whose cached blocks
+  // the step's allocations cannot take, so it comes on top of the step's peak.
+  double augment_per_image = 0;
   // CUDA with train.cuda_graphs on or auto (not refused): a captured step's graph holds the
   // inputs its capture read, one more set of the step's images, beside each new step's own. Its
   // pool holds what the eager step allocated, which the probes measure. Steps that recompute
@@ -99,7 +103,8 @@ struct MemoryEstimate {
   // The step's other loader batches, augmented on the device and held while one runs: a step
   // counts its loss normalisers over all of them before the first backward.
   int64_t step_inputs(int64_t batch) const;
-  // The next step's input, augmented beside this step (input_beside): one more set of its images.
+  // The next step's input, augmented beside this step (input_beside): one more set of its images,
+  // and the augmentation's working memory for one loader batch.
   int64_t next_input(int64_t batch) const;
   // The inputs a captured step's graph holds (step_graphed; a mode that recomputes nothing).
   int64_t graph_inputs(int64_t batch) const;
