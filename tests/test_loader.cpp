@@ -11,6 +11,7 @@
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/data/loader.h"
+#include "headroom/eval/validate.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "test_util.h"
 
@@ -316,6 +317,36 @@ TEST(Loader, AnImageThatBreaksAfterTheScanIsReplacedDeterministically) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(victim.image), std::string::npos) << e.what();
   }
+}
+
+// Validation and prediction leave out an image that fails to decode instead of taking the next
+// one (which would score that one twice): its slot holds the pad colour and no boxes, is marked
+// not decoded, and its ground truth is not counted.
+TEST(Loader, ValidationLeavesOutAnImageThatFailsToDecode) {
+  const std::string yaml = test::copy_of_small_synth("loader-leave-out");
+  const auto split = train_split(yaml);
+  test::write_bytes(split->samples[5].image, "garbage");
+  Loader l(split, opts(2).shuffle(false).replace_bad(false));
+  std::vector<int64_t> seen;
+  for (const HostBatch& b : epoch(l, 0))
+    for (size_t i = 0; i < b.meta.size(); ++i) {
+      seen.push_back(b.meta[i].index);
+      EXPECT_EQ(b.meta[i].decoded, b.meta[i].index != 5);
+      if (b.meta[i].decoded) continue;
+      EXPECT_EQ(b.counts[int64_t(i)].item<int64_t>(), 0);
+      EXPECT_TRUE(b.images[int64_t(i)].eq(int(kPadValue)).all().item<bool>());
+    }
+  std::vector<int64_t> all(split->samples.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
+  EXPECT_EQ(seen, all);  // each image once, in order
+  EXPECT_EQ(l.stats().skipped_images, 1);
+
+  std::vector<int64_t> ids, with_ids;
+  const auto truth = eval::ground_truth_boxes(*split, &ids, nullptr, {5}), whole = eval::ground_truth_boxes(*split, &with_ids, nullptr);
+  EXPECT_EQ(ids.size() + 1, with_ids.size());
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), with_ids[5]), 0);
+  EXPECT_EQ(truth.size() + split->samples[5].boxes.size(), whole.size());
+  EXPECT_GT(split->samples[5].boxes.size(), 0u);
 }
 
 // A CPU budget counts the loader's buffers, so a decode thread can run out of memory. The

@@ -47,12 +47,13 @@ void add_val_command(CLI::App& app, int& exit_code) {
                        " has " + std::to_string(split->names.size()) + "; validate on the data set it was trained for");
     const eval::ValidationResult r = eval::validate(
         *w.model, split, eval::validate_options(c, *split, w.model->info(), device, eval::input_preprocess(c, w.info.framework)));
+    eval::check_some_decoded(r, *split);
     if (!save_json.empty()) {
       write_file_atomic(save_json, eval::coco_results_json(r.detections).dump());
       std::string note = save_json;
       if (split->category_ids.empty()) {  // YOLO data: COCO tools need a ground-truth file too
         const std::string gt = std::filesystem::path(save_json).replace_extension("").string() + "_gt.json";
-        write_file_atomic(gt, eval::ground_truth_json(*split).dump());
+        write_file_atomic(gt, eval::ground_truth_json(*split, r.left_out).dump());
         note += " (ground truth: " + gt + ")";
       }
       spdlog::info("wrote {} detections to {}", r.detections.size(), note);
@@ -60,10 +61,12 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (json) {
       Json j = eval::coco_stats_json(r.stats, split->names);
       j["images"] = r.images;
+      j["left_out"] = int64_t(r.left_out.size());
       j["seconds"] = r.seconds;
       print_json(j);
     } else {
-      std::printf("%lld images of split '%s' in %.1f s\n%s", (long long)r.images, split->name.c_str(), r.seconds,
+      const std::string left = r.left_out.empty() ? "" : " (" + std::to_string(r.left_out.size()) + " left out: they could not be decoded)";
+      std::printf("%lld images of split '%s'%s in %.1f s\n%s", (long long)r.images, split->name.c_str(), left.c_str(), r.seconds,
                   eval::format_coco_stats(r.stats, split->names).c_str());
     }
     exit_code = kExitOk;

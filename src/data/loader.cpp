@@ -25,6 +25,7 @@ LoaderOptions loader_options(const Config& c, const Split& split, bool training,
       .workers(resolve_workers(c.data.workers))
       .prefetch(c.data.prefetch)
       .shuffle(training)
+      .replace_bad(training)
       .seed(c.seed)
       .pin_memory(pin_memory)
       .max_pixels(c.data.max_pixels)
@@ -187,12 +188,22 @@ void Loader::fill_slot(Pending& p, int64_t slot, int64_t pos) {
   const size_t slot_bytes = size_t(canvas_bytes(options_.imgsz()));
   uint8_t* dst = p.batch.images.data_ptr<uint8_t>() + size_t(slot) * slot_bytes;
   // An image that fails to decode is replaced by the next one in the epoch's order: the
-  // replacement depends only on the data, so batches stay deterministic.
+  // replacement depends only on the data, so batches stay deterministic. Without replace_bad its
+  // slot is left out instead.
+  const auto leave_out = [&](int64_t idx) {
+    std::memset(dst, kPadValue, slot_bytes);
+    p.boxes[size_t(slot)] = ItemBoxes();
+    const int S = options_.imgsz();
+    p.batch.meta[size_t(slot)] = ImageMeta{idx, letterbox_geometry(S, S, S), /*decoded=*/false};
+  };
   for (int64_t k = 0; k < n; ++k) {
     const int64_t idx = (*order)[size_t((pos + k) % n)];
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (bad_samples_.count(idx)) continue;
+      if (bad_samples_.count(idx)) {
+        if (!options_.replace_bad()) return leave_out(idx);
+        continue;
+      }
     }
     const Sample& s = split_->samples[size_t(idx)];
     try {
@@ -212,11 +223,17 @@ void Loader::fill_slot(Pending& p, int64_t slot, int64_t pos) {
     } catch (const ImageError& e) {
       if (options_.on_error() == OnError::fail)
         throw InputError(std::string(e.what()) + " (data.on_error is fail; set it to skip to train past it)");
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (bad_samples_.insert(idx).second) {
-        ++stats_.skipped_images;
-        spdlog::warn("{}; skipped, batch {} of epoch {} takes the next image instead", e.what(), p.batch.index, p.batch.epoch);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (bad_samples_.insert(idx).second) {
+          ++stats_.skipped_images;
+          if (options_.replace_bad())
+            spdlog::warn("{}; skipped, batch {} of epoch {} takes the next image instead", e.what(), p.batch.index, p.batch.epoch);
+          else
+            spdlog::warn("{}; left out of split '{}'", e.what(), split_->name);
+        }
       }
+      if (!options_.replace_bad()) return leave_out(idx);
     }
   }
   throw InputError("split '" + split_->name + "': no image could be decoded");

@@ -168,6 +168,7 @@ at::Tensor Group::all_gather_rows(const at::Tensor& rows, const std::string& wha
     counts.push_back(int64_t(n[0]));
     most = std::max(most, counts.back());
   }
+  if (most == 0) return at::empty({0, k}, at::kDouble);  // every rank knows: Gloo takes no empty buffers
   std::vector<at::Tensor> in{at::zeros({most, k}, at::kDouble)};
   in[0].narrow(0, 0, r.size(0)).copy_(r);
   std::vector<std::vector<at::Tensor>> out(1);

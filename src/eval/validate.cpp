@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 
+#include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 
@@ -59,9 +61,11 @@ int64_t category_id_of(const data::Split& split, int64_t cls) {
 }  // namespace
 
 std::vector<CocoBox> ground_truth_boxes(const data::Split& split, std::vector<int64_t>* image_ids,
-                                        std::vector<int64_t>* category_ids) {
+                                        std::vector<int64_t>* category_ids, const std::vector<int64_t>& left_out) {
   std::vector<CocoBox> out;
+  const std::set<int64_t> skip(left_out.begin(), left_out.end());
   for (size_t i = 0; i < split.samples.size(); ++i) {
+    if (skip.count(int64_t(i))) continue;
     const data::Sample& s = split.samples[i];
     if (image_ids) image_ids->push_back(image_id_of(split, int64_t(i)));
     for (const data::Box& b : s.boxes) {
@@ -80,9 +84,17 @@ std::vector<CocoBox> ground_truth_boxes(const data::Split& split, std::vector<in
   return out;
 }
 
-Json ground_truth_json(const data::Split& split) {
+void check_some_decoded(const ValidationResult& r, const data::Split& split) {
+  if (r.images == 0 && !r.left_out.empty())
+    throw InputError("split '" + split.name + "': none of its " + std::to_string(r.left_out.size()) +
+                     " images could be decoded (each is named above); check the files");
+}
+
+Json ground_truth_json(const data::Split& split, const std::vector<int64_t>& left_out) {
   Json root = Json::object(), images = Json::array(), anns = Json::array(), cats = Json::array();
+  const std::set<int64_t> skip(left_out.begin(), left_out.end());
   for (size_t i = 0; i < split.samples.size(); ++i) {
+    if (skip.count(int64_t(i))) continue;
     Json im = Json::object();
     im["id"] = image_id_of(split, int64_t(i));
     im["file_name"] = data::image_name(split.samples[i]);
@@ -91,7 +103,7 @@ Json ground_truth_json(const data::Split& split) {
     images.push_back(std::move(im));
   }
   int64_t id = 1;
-  for (const CocoBox& g : ground_truth_boxes(split, nullptr, nullptr)) {
+  for (const CocoBox& g : ground_truth_boxes(split, nullptr, nullptr, left_out)) {
     Json a = Json::object();
     a["id"] = id++;
     a["image_id"] = g.image_id;
@@ -130,7 +142,12 @@ ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<con
   while (auto batch = loader.next()) {
     const Detections d = detect(model, model_input(batch->images, o.device), o.decode);
     const auto rows = to_original_pixels(d, batch->meta);
-    for (size_t b = 0; b < rows.size(); ++b)
+    for (size_t b = 0; b < rows.size(); ++b) {
+      if (!batch->meta[b].decoded) {
+        r.left_out.push_back(batch->meta[b].index);
+        continue;
+      }
+      ++r.images;
       for (const auto& row : rows[b]) {
         CocoBox box;
         box.image_id = image_id_of(*split, batch->meta[b].index);
@@ -139,9 +156,9 @@ ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<con
         box.score = row[4];
         r.detections.push_back(box);
       }
-    r.images += batch->size();
+    }
   }
-  r.ground_truth = ground_truth_boxes(*split, &r.image_ids, &r.category_ids);
+  r.ground_truth = ground_truth_boxes(*split, &r.image_ids, &r.category_ids, r.left_out);
   r.stats = coco_evaluate(r.ground_truth, r.detections, r.image_ids, r.category_ids);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

@@ -163,8 +163,15 @@ eval::CocoStats RankExchange::gather_validation(const eval::ValidationResult& mi
     d.area = d.w * d.h;
     a += 7;
   }
+  // Every rank's images that could not be decoded, left out of the ground truth as of the
+  // detections: shard sample i is the split's rank + i * world (val_shard).
+  at::Tensor mine_left = at::empty({int64_t(mine.left_out.size()), 1}, at::kDouble);
+  for (size_t i = 0; i < mine.left_out.size(); ++i) mine_left.data_ptr<double>()[i] = double(rank() + mine.left_out[i] * world());
+  const at::Tensor left = group_->all_gather_rows(mine_left, "the validation images left out");
+  std::vector<int64_t> left_out(size_t(left.size(0)));
+  for (size_t i = 0; i < left_out.size(); ++i) left_out[i] = int64_t(left.data_ptr<double>()[i]);
   std::vector<int64_t> image_ids, category_ids;
-  const std::vector<eval::CocoBox> truth = eval::ground_truth_boxes(val, &image_ids, &category_ids);
+  const std::vector<eval::CocoBox> truth = eval::ground_truth_boxes(val, &image_ids, &category_ids, left_out);
   return eval::coco_evaluate(truth, detections, image_ids, category_ids);
 }
 

@@ -14,6 +14,9 @@ namespace headroom::data {
 struct ImageMeta {
   int64_t index = 0;   // sample index in the split
   Letterbox geometry;  // maps canvas pixels back to the original image
+  // false: the image could not be decoded and was left out (validation, prediction): its slot
+  // holds the pad colour and no boxes, and what the model says of it is not the image's.
+  bool decoded = true;
 };
 
 struct HostBatch {

@@ -45,12 +45,17 @@ struct LoaderOptions {
   TORCH_ARG(bool, pin_memory) = false; // page-locked batches for async host-to-device copies
   TORCH_ARG(int64_t, max_pixels) = 89478485;
   TORCH_ARG(OnError, on_error) = OnError::skip;
+  // An image that fails to decode (on_error skip): training replaces it by the next one in the
+  // epoch's order, which keeps batches full and deterministic; validation and prediction leave
+  // its slot out (ImageMeta::decoded false), so no other image is counted twice.
+  TORCH_ARG(bool, replace_bad) = true;
   TORCH_ARG(CacheMode, cache) = CacheMode::none;
   TORCH_ARG(std::string, shard_path) = "";  // disk cache file; beside the data when empty
   TORCH_ARG(Preprocess, preprocess) = Preprocess::fast;  // how images become canvases
 };
 
-// Config -> loader options, in one place. `training` shuffles; `pin_memory` when the run's
+// Config -> loader options, in one place. `training` shuffles and replaces images that fail to
+// decode (replace_bad); `pin_memory` when the run's
 // device is CUDA; `preprocess`: how images become canvases (and which disk shard holds them).
 LoaderOptions loader_options(const Config& c, const Split& split, bool training, bool pin_memory,
                              Preprocess preprocess = Preprocess::fast);

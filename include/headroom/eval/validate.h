@@ -42,7 +42,8 @@ struct ValidationResult {
   std::vector<CocoBox> detections;    // original pixels, COCO ids
   std::vector<CocoBox> ground_truth;
   std::vector<int64_t> image_ids, category_ids;
-  int64_t images = 0;
+  int64_t images = 0;                 // images evaluated
+  std::vector<int64_t> left_out;      // sample indices of images that could not be decoded: not scored
   double seconds = 0;
 };
 
@@ -50,12 +51,18 @@ struct ValidationResult {
 // the pass fails (an out-of-memory error the caller recovers from).
 ValidationResult validate(models::DetectorImpl& model, const std::shared_ptr<const data::Split>& split, const ValidateOptions& o);
 
+// InputError when a pass left out every image of `split` (none could be decoded): a score of
+// nothing is not a score.
+void check_some_decoded(const ValidationResult& r, const data::Split& split);
+
 // A split's boxes as COCO ground truth: image ids are the COCO ones, or the sample index for
-// YOLO data; category ids are the COCO ones, or the class id.
+// YOLO data; category ids are the COCO ones, or the class id. Images `left_out` (sample indices:
+// they could not be decoded, so nothing was detected in them) are not part of it.
 std::vector<CocoBox> ground_truth_boxes(const data::Split& split, std::vector<int64_t>* image_ids,
-                                        std::vector<int64_t>* category_ids);
-// The same as a COCO instances JSON (written beside results of YOLO data, so COCO tools can score them).
-Json ground_truth_json(const data::Split& split);
+                                        std::vector<int64_t>* category_ids, const std::vector<int64_t>& left_out = {});
+// The same as a COCO instances JSON (written beside results of YOLO data, so COCO tools can score
+// them), without the images `left_out`, as the pass scored it.
+Json ground_truth_json(const data::Split& split, const std::vector<int64_t>& left_out = {});
 
 // The model input: uint8 [B, 3, H, W] -> float in [0, 1] on `device`.
 at::Tensor model_input(const at::Tensor& images, c10::Device device);
