@@ -43,7 +43,13 @@ TEST(Cli, BadConfigExitsWithCode2AndNamesTheLine) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find(path + ":2:3: train.bach_size: unknown key; did you mean train.batch?"), std::string::npos) << r.output;
   EXPECT_EQ(test::run_trainer("config train.batch=0").exit_code, 2);
+  const test::RunResult folder = test::run_trainer("config --config " + test::temp_dir("cli"));  // a folder, not a file
+  EXPECT_EQ(folder.exit_code, 2);
+  EXPECT_NE(folder.output.find(": a folder, not the config"), std::string::npos) << folder.output;
   EXPECT_EQ(test::run_trainer("no-such-command").exit_code, 2);
+  const test::RunResult typo = test::run_trainer("trian --config " + path);
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_NE(typo.output.find("unknown command 'trian'; did you mean train?"), std::string::npos) << typo.output;
   EXPECT_EQ(test::run_trainer("--help").exit_code, 0);
 }
 
@@ -204,6 +210,11 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   EXPECT_NE(r.output.find("the model is the file's own"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("re-initialised for 4 classes"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/ft/weights/last.pt"));
+  // The run directory is made after the parts that can refuse the run: its train.log still holds
+  // what they said.
+  const std::string log = test::read_bytes(dir + "/runs/ft/train.log");
+  EXPECT_NE(log.find("re-initialised for 4 classes"), std::string::npos) << log;
+  EXPECT_LT(log.find("re-initialised for 4 classes"), log.find("run directory:")) << log;
 
   const std::string images = (fs::path(test::small_synth()).parent_path() / "images" / "val").string();
   r = test::run_trainer("predict --weights " + pt + " --source " + images + " --conf 0 --save-dir " + dir + "/pred device=cpu");
@@ -219,6 +230,11 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
 
   r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/m.safetensors");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/nodir/m.safetensors");
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // the folder is named, not the temporary file
+  EXPECT_NE(r.output.find(dir + "/nodir/m.safetensors: cannot create it: its folder " + dir + "/nodir does not exist"),
+            std::string::npos)
+      << r.output;
   r = test::run_trainer("export --weights " + dir + "/m.safetensors --format safetensors");  // beside it, same name: refused
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is the input weights file"), std::string::npos) << r.output;

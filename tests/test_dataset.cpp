@@ -157,6 +157,27 @@ TEST(Dataset, NoUsableImageFailsClearly) {
   }
 }
 
+// A YOLO split none of whose images has a label file (the labels/ folder missing or misplaced)
+// is a problem naming where the labels were looked for; its images stay (each alone could be a
+// background image), and one label file anywhere in the split is enough to say nothing.
+TEST(Dataset, ASplitWithoutAnyLabelFileIsAProblem) {
+  const std::string yaml = test::copy_of_small_synth("no-labels");
+  const fs::path labels = fs::path(yaml).parent_path() / "labels" / "val";
+  fs::path one;
+  for (const auto& e : fs::directory_iterator(labels)) one = e.path();
+  const std::string kept = test::read_bytes(one.string());
+  fs::remove_all(labels);
+  const Split val = scan(yaml, "val");
+  EXPECT_EQ(val.samples.size(), 6u);
+  ASSERT_EQ(val.problems.size(), 1u);
+  EXPECT_EQ(val.problems[0].kind, ProblemKind::missing_labels);
+  EXPECT_NE(val.problems[0].message.find("looked for " + val.samples.front().labels), std::string::npos) << val.problems[0].message;
+  EXPECT_FALSE(val.problems[0].image_skipped);
+  fs::create_directories(labels);
+  test::write_bytes(one.string(), kept);
+  EXPECT_TRUE(scan(yaml, "val").problems.empty());
+}
+
 TEST(Dataset, TextListsResolveRelativePathsAndReportMissingOnes) {
   const std::string yaml = test::copy_of_small_synth("list");
   const fs::path root = fs::path(yaml).parent_path();

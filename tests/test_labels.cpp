@@ -130,6 +130,20 @@ TEST(CocoLabels, NamesFromTheYamlMapByName) {
   EXPECT_THROW(read_coco(path, "/imgs", {"dog"}), InputError);
 }
 
+// Two categories with one id would make two classes of one (or one box of either): refused,
+// naming both lines.
+TEST(CocoLabels, ACategoryIdListedTwiceIsRefused) {
+  std::string head = kCocoHead;
+  const std::string cats = R"("categories": [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}],)";
+  const size_t at = head.find(cats);
+  ASSERT_NE(at, std::string::npos);
+  head.replace(at, cats.size(), "\"categories\": [{\"id\": 7, \"name\": \"dog\"},\n{\"id\": 7, \"name\": \"wolf\"}],");
+  const std::string path = write_coco(head + R"({"id": 1, "image_id": 1, "category_id": 7, "bbox": [10, 5, 20, 10]}]})");
+  const std::string what = test::input_error_of([&] { read_coco(path, "/imgs", {}); });
+  EXPECT_NE(what.find("category id 7 is listed again (first at line"), std::string::npos) << what;
+  EXPECT_NE(what.find(path + ":"), std::string::npos) << what;
+}
+
 TEST(CocoLabels, BadAnnotationsNameTheirLineAndSkipTheImage) {
   const std::string path = write_coco(std::string(kCocoHead) +
                                       R"({"id": 1, "image_id": 1, "category_id": 99, "bbox": [10, 5, 20, 10]},

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/json.h"
 #include "headroom/data/image.h"
 #include "headroom/data/letterbox.h"
 #include "headroom/data/synth.h"
@@ -347,11 +348,15 @@ TEST(Train, AResumeRefusesAModelFileEditedSince) {
   const std::string dir = test::temp_dir("resume-edit");
   const std::vector<std::string> o = tiny_run({"project=" + dir + "/runs", "name=r", "train.steps=2", "train.val_every=0"});
   ASSERT_EQ(test::run_trainer("train --config " + config_file(dir, o)).exit_code, 0);
-  const std::string last = dir + "/runs/r/weights/last.pt", bytes = test::read_bytes(last);
+  const std::string last = dir + "/runs/r/weights/last.pt";
   std::string model_file;
   for (const auto& k : o)
     if (k.rfind("model.file=", 0) == 0) model_file = k.substr(11);
-  std::string text = test::read_bytes(model_file);
+  std::string text = test::read_bytes(model_file) + "# a comment: the same model\n";
+  test::write_bytes(model_file, text);
+  const test::RunResult commented = test::run_trainer("train --resume " + last);
+  EXPECT_EQ(commented.exit_code, 0) << commented.output;
+  const std::string bytes = test::read_bytes(last);
   const size_t at = text.find("SPPF, [1024, 5]");
   ASSERT_NE(at, std::string::npos) << text;
   test::write_bytes(model_file, text.replace(at, 15, "SPPF, [1024, 3]"));
@@ -361,6 +366,19 @@ TEST(Train, AResumeRefusesAModelFileEditedSince) {
   EXPECT_NE(r.output.find("now describes another"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.init_from=" + last), std::string::npos) << r.output;
   EXPECT_EQ(test::read_bytes(last), bytes);
+
+  // A --config beside --resume only says where the run is: what it sets otherwise is said to be
+  // ignored, key by key, naming where it was set.
+  test::write_bytes(model_file, text.replace(at, 15, "SPPF, [1024, 5]"));
+  std::vector<std::string> other = o;
+  other.push_back("train.lr0=0.05");
+  fs::create_directories(dir + "/other");
+  const std::string other_cfg = config_file(dir + "/other", other);
+  const test::RunResult warned = test::run_trainer("train --config " + other_cfg + " --resume " + last);
+  EXPECT_EQ(warned.exit_code, 0) << warned.output;
+  EXPECT_NE(warned.output.find(other_cfg + ":"), std::string::npos) << warned.output;
+  EXPECT_NE(warned.output.find(": train.lr0 0.05 is ignored: the resumed run keeps its own 0.01"), std::string::npos) << warned.output;
+  EXPECT_EQ(warned.output.find("train.epochs"), std::string::npos) << warned.output;  // the same value: nothing said
 }
 
 // Resumed from an older checkpoint (best.pt, an earlier step file), a run keeps the step files
@@ -395,6 +413,55 @@ TEST(Train, AResumeFromAnOlderCheckpointKeepsTheStepFilesItWrites) {
   EXPECT_EQ(train::checkpoint_meta(weights + "last.pt").find("step")->as_number(), 4);
   EXPECT_EQ(train::find_resume_checkpoint(fs::path(dir).parent_path().string(), fs::path(dir).filename().string()),
             weights + "last.pt");
+}
+
+// Validation scores the model's class k as the val split's class k: splits whose category lists
+// differ (COCO files each carry their own) are refused, naming both, before anything is written.
+TEST(Train, SplitsWithOtherClassesAreRefusedBeforeTheRunDirectory) {
+  const std::string dir = test::temp_dir("swapped");
+  const std::string coco_yaml = (fs::path(test::copy_of_small_synth("swapped")).parent_path() / "data_coco.yaml").string();
+  const std::string ann = (fs::path(coco_yaml).parent_path() / "annotations" / "instances_val.json").string();
+  const Json root = Json::parse(test::read_bytes(ann), ann);
+  Json out = Json::object();
+  for (const auto& [key, value] : root.members()) {
+    if (key != "categories") {
+      out[key] = value;
+      continue;
+    }
+    Json cats = Json::array();
+    for (const Json& cat : value.items()) {  // circle and square change names
+      Json c = Json::object();
+      for (const auto& [k, v] : cat.members()) c[k] = v;
+      const std::string name = c["name"].as_string();
+      if (name == "circle" || name == "square") c["name"] = name == "circle" ? "square" : "circle";
+      cats.push_back(c);
+    }
+    out[key] = cats;
+  }
+  test::write_bytes(ann, out.dump());
+  const std::string cfg = config_file(dir, tiny_run({"project=" + dir + "/runs", "name=r", "data.dataset=" + coco_yaml}));
+  const test::RunResult r = test::run_trainer("train --config " + cfg);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("split 'val' has the classes [1:square, 2:circle, 3:triangle, 4:cross], split 'train' ("),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[1:circle, 2:square, 3:triangle, 4:cross]: validation would score one class as another"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/runs/r"));
+
+  // The same for weights model.init_from cannot read, and an existing run's config.yaml
+  // (exist_ok) stays as it was.
+  ASSERT_EQ(test::run_trainer("train --config " + config_file(dir, tiny_run({"project=" + dir + "/runs", "name=ok", "train.steps=1",
+                                                                              "train.val_every=0"})))
+                .exit_code,
+            0);
+  const std::string kept = test::read_bytes(dir + "/runs/ok/config.yaml");
+  const test::RunResult missing = test::run_trainer("train --config " + cfg + " data.dataset=" + test::small_synth() +
+                                                    " name=ok exist_ok=true model.init_from=" + dir + "/nope.pt");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find(dir + "/nope.pt"), std::string::npos) << missing.output;
+  EXPECT_EQ(test::read_bytes(dir + "/runs/ok/config.yaml"), kept);
 }
 
 TEST(Train, CtrlCWritesACheckpointAndSaysHowToResume) {

@@ -16,7 +16,8 @@ void add_model_command(CLI::App& app, int& exit_code) {
   static bool json = false;
   cmd->add_option("--model", file, "Model YAML (e.g. models/yolov8.yaml, models/yolov8s.yaml, models/centernet_hg104.yaml)");
   cmd->add_option("--scale", scale, "Scale of a file with a scales table (n, s, m, l, x)");
-  cmd->add_option("--nc", nc, "Number of classes (default: the data set's with --config, else the file's)");
+  cmd->add_option("--nc", nc, "Number of classes (default: the data set's with --config, else the file's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--imgsz", imgsz, "Image size for the GFLOPs")->capture_default_str();
   cmd->add_option("--config,-c", config_path, "Run config: its model section (and data set, for nc)");
   cmd->add_option("overrides", overrides, "key=value config overrides");

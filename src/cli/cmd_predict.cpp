@@ -33,6 +33,7 @@ std::shared_ptr<const data::Split> source_split(const Config& c, const std::stri
   data::ScanOptions so;
   so.max_pixels = c.data.max_pixels;
   so.threads = std::max(1, resolve_workers(c.data.workers));
+  so.labels_expected = false;  // images to predict on carry no labels
   return std::make_shared<const data::Split>(data::scan_split(spec, "predict", so));
 }
 
@@ -72,7 +73,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--save-dir", save_dir, "Output folder (default: <project>/predict, a new one per run)");
   cmd->add_flag("--json", json, "Print the detections JSON on stdout too");
   cmd->callback([&exit_code] {
-    if (conf < 0 || conf > 1) throw InputError("predict: --conf must be in [0, 1]");
+    if (!(conf >= 0 && conf <= 1)) throw InputError("predict: --conf must be in [0, 1]");  // NaN too
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
     models::LoadedWeights w = interop::load_any_weights(weights, device);
@@ -87,19 +88,25 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/false, device.is_cuda(), eval::input_preprocess(c, w.info.framework)));
     const eval::DecodeOptions d = eval::decode_options(c, conf);
     Json results = Json::array();
-    int64_t detections = 0;
+    int64_t detections = 0, left_out = 0;
     at::NoGradGuard no_grad;
     loader.start(0);
     while (auto batch = loader.next()) {
       const auto rows = eval::to_original_pixels(eval::detect(model, eval::model_input(batch->images, device), d), batch->meta);
       for (size_t b = 0; b < rows.size(); ++b) {
+        if (!batch->meta[b].decoded) {  // named in the loader's warning
+          ++left_out;
+          continue;
+        }
         results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir));
         detections += int64_t(rows[b].size());
       }
     }
     const std::string json_path = (fs::path(out_dir) / "predictions.json").string();
     write_file_atomic(json_path, results.dump(1));
-    spdlog::info("{} images, {} detections: images with boxes and {} in {}", split->samples.size(), detections, json_path, out_dir);
+    spdlog::info("{} images{}, {} detections: images with boxes and {} in {}", results.size(),
+                 left_out ? fmt::format(" ({} left out: they could not be decoded)", left_out) : std::string(), detections, json_path,
+                 out_dir);
     if (json) print_json(results);
     exit_code = kExitOk;
   });

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "commands.h"
@@ -109,7 +111,40 @@ int launch_local_workers(int nproc, const dist::WorldInfo& world) {
 struct ResumePoint {
   std::string checkpoint, run_dir;
   std::vector<std::string> overrides;  // all but project= and name= (those only find the run)
+  std::optional<Config> given;         // --config, where one was given: it only says where the run is
 };
+
+// The settings of `c` as "section.key" -> JSON text.
+std::map<std::string, std::string> flat_values(const Json& j, const std::string& prefix = "") {
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : j.members()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_object()) {
+      for (auto& [k, v] : flat_values(value, path)) out[k] = std::move(v);
+    } else {
+      out[path] = value.dump();
+    }
+  }
+  return out;
+}
+
+// A resumed run continues with the config its checkpoint stored, as Ultralytics' resume does: a
+// --config given beside --resume that sets other values is said to be ignored, key by key (an
+// `auto` the run resolved when it started is not a difference, nor what train.optimizer: auto set).
+void warn_ignored_settings(const Config& given, const Config& resumed, const std::string& checkpoint) {
+  const auto mine = flat_values(config_to_json(given)), run = flat_values(config_to_json(resumed));
+  const std::set<std::string> chosen_by_auto =
+      given.train.optimizer == "auto" ? std::set<std::string>{"train.optimizer", "train.lr0", "train.momentum", "train.warmup_bias_lr"}
+                                      : std::set<std::string>{};
+  for (const auto& [key, origin] : given.origin) {
+    if (kResumableKeys.count(key) || kRunLocation.count(key) || key == "exist_ok" || chosen_by_auto.count(key)) continue;
+    const auto a = mine.find(key), b = run.find(key);
+    if (a == mine.end() || b == run.end() || a->second == b->second || a->second == "\"auto\"") continue;
+    spdlog::warn("{}: {} {} is ignored: the resumed run keeps its own {} (stored in {}); start a new run with model.init_from={} "
+                 "to change it",
+                 origin, key, a->second, b->second, checkpoint, checkpoint);
+  }
+}
 
 ResumePoint find_resume_point(TrainArgs& a) {
   // `--resume name=x` : the flag takes no path there, the word is an override.
@@ -121,6 +156,7 @@ ResumePoint find_resume_point(TrainArgs& a) {
   std::vector<std::string> location;
   for (const auto& o : a.overrides) (kRunLocation.count(key_of(o)) ? location : r.overrides).push_back(o);
   const Config base = load_run_config(a.config_path, location);  // project and name as given, else the config's
+  if (!a.config_path.empty()) r.given = base;
   if (a.resume.empty() || a.resume == "auto") {
     r.checkpoint = train::find_resume_checkpoint(base.project, base.name);
     if (r.checkpoint.empty())
@@ -175,6 +211,7 @@ int run_train(TrainArgs& a, bool resuming) {
     run_dir = r.run_dir;
     c = resume_config(checkpoint, run_dir, r.overrides);
     if (world.rank == 0) add_log_file((fs::path(run_dir) / "train.log").string());
+    if (r.given && world.rank == 0) warn_ignored_settings(*r.given, c, checkpoint);
   } else {
     if (a.config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
     c = load_run_config(a.config_path, a.overrides);

@@ -1,11 +1,13 @@
 // trainer: the Headroom command line.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "commands.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
+#include "headroom/core/text.h"
 #include "headroom/core/threads.h"
 #include "headroom/dist/launch.h"
 #include "headroom/interop/pipeline_config.h"
@@ -58,6 +60,15 @@ int main(int argc, char** argv) {
   cli::set_program_args(std::vector<std::string>(argv, argv + argc));
   if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume"))
     args.insert(args.begin(), "train");
+  std::vector<std::string> names;  // the commands, for a word that is none of them
+  for (const CLI::App* sub : app.get_subcommands(std::function<bool(CLI::App*)>([](CLI::App*) { return true; })))
+    names.push_back(sub->get_name());
+  if (!args.empty() && args[0].rfind('-', 0) != 0 && std::find(names.begin(), names.end(), args[0]) == names.end()) {
+    const std::string near = nearest_match(args[0], names);
+    spdlog::error("unknown command '{}'{}; `trainer --help` lists the commands", args[0],
+                  near.empty() ? std::string() : "; did you mean " + near + "?");
+    return kExitBadInput;
+  }
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
     app.parse(args);
@@ -71,6 +82,10 @@ int main(int argc, char** argv) {
     spdlog::error("{}", e.what());
     dist::write_error_file(e.what());
     return kExitBadInput;
+  } catch (const c10::Error& e) {  // LibTorch's own: its message without the C++ stack frames
+    spdlog::error("{}", e.what_without_backtrace());
+    dist::write_error_file(e.what_without_backtrace());
+    return kExitFailure;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     dist::write_error_file(e.what());

@@ -101,11 +101,14 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
   }
   if (c.memory.activation_checkpointing == "auto" && !planner)
     planner = memory::make_recompute_planner(c, train_split, *run.monitor, run.budget, o.group ? o.group->world() : 1);
+  // The parts first: what they refuse (model.init_from, the splits' classes) leaves no run
+  // directory behind, nor an existing one's config.yaml rewritten (exist_ok).
+  train::TrainerParts parts = train::make_trainer_parts(c, device, "", train_split, val_split, o.group);
   std::string run_dir = o.run_dir;
   const int rank = o.group ? o.group->rank() : 0;
   if (run_dir.empty() && rank == 0) run_dir = open_run_dir(c);
   if (o.group) run_dir = o.group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
-  train::TrainerParts parts = train::make_trainer_parts(c, device, run_dir, train_split, val_split, o.group);
+  parts.run_dir = run_dir;
   parts.monitor = run.monitor;
   parts.options.memory_usable(memory::usable_budget(run.budget, c.memory.headroom));
   if (o.adjust) o.adjust(parts);

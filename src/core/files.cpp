@@ -45,8 +45,16 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   tmp_ = (dir / ("." + target.filename().string() + ".tmp" + std::to_string(::getpid()) + "." +
                  std::to_string(std::random_device{}())))
              .string();
+  std::error_code ec;
+  if (fs::is_directory(target, ec)) throw InputError(path_ + ": a folder is there; give a file name");
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
+  if (fd_ < 0) {
+    const int err = errno;
+    tmp_.clear();
+    if (!fs::is_directory(dir, ec))
+      throw Error(path_ + ": cannot create it: its folder " + dir.string() + " does not exist (create it, or write elsewhere)");
+    throw Error(path_ + ": cannot create it in " + dir.string() + ": " + std::strerror(err));
+  }
 }
 
 AtomicFile::~AtomicFile() { discard(); }

@@ -1,7 +1,10 @@
 #include "headroom/core/logging.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <algorithm>
 
 #include <mutex>
 #include <set>
@@ -33,12 +36,18 @@ class LogWarnings : public compat::WarningHandler {
   std::set<std::string> seen_;
 };
 
+// The lines said before a run's log file opens (the run directory is made after the parts that
+// can refuse the run): the file starts with them.
+std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> g_backlog;
+constexpr size_t kBacklogLines = 2000;
+
 }  // namespace
 
 void init_logging(const std::string& level) {
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   console->set_pattern("%^%L%$ %H:%M:%S %v");
-  auto logger = std::make_shared<spdlog::logger>("headroom", console);
+  g_backlog = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(kBacklogLines);
+  auto logger = std::make_shared<spdlog::logger>("headroom", spdlog::sinks_init_list{console, g_backlog});
   logger->set_level(spdlog::level::from_str(level));
   logger->flush_on(spdlog::level::warn);
   spdlog::set_default_logger(logger);
@@ -49,7 +58,14 @@ void init_logging(const std::string& level) {
 void add_log_file(const std::string& path) {
   auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
   file->set_pattern("%Y-%m-%d %H:%M:%S.%e %l %v");
-  spdlog::default_logger()->sinks().push_back(file);
+  auto& sinks = spdlog::default_logger()->sinks();
+  if (g_backlog) {  // once: the first log file takes the lines said so far
+    for (const auto& m : g_backlog->last_raw()) file->log(m);
+    file->flush();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), g_backlog), sinks.end());
+    g_backlog.reset();
+  }
+  sinks.push_back(file);
 }
 
 }  // namespace headroom

@@ -1,5 +1,7 @@
 #include "headroom/core/yaml_file.h"
 
+#include <filesystem>
+
 #include "headroom/core/errors.h"
 
 namespace headroom {
@@ -9,6 +11,7 @@ std::string yaml_location(const std::string& file, const YAML::Mark& mark) {
 }
 
 YAML::Node load_yaml_file(const std::string& path, const std::string& what) {
+  if (std::filesystem::is_directory(path)) throw InputError(path + ": a folder, not the " + what + " (give the YAML file in it)");
   try {
     return YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {

@@ -27,12 +27,17 @@ const Json& require(const Json& obj, const char* key, Json::Type type, const std
 std::unordered_map<int, int> map_categories(const Json& categories, const std::vector<std::string>& names,
                                             const std::string& json_path, CocoData& out) {
   std::vector<std::pair<int, std::string>> cats;
+  std::unordered_map<int, int> line_of;  // each id's first category, to name a second one
   for (const Json& c : categories.items()) {
     const Json* id = c.find("id");
     const Json* name = c.find("name");
     if (!id || !id->is_number() || !name || !name->is_string())
       throw InputError(format_location(json_path, c.line()) + ": a category needs a numeric \"id\" and a \"name\"");
-    cats.emplace_back(static_cast<int>(id->as_number()), name->as_string());
+    const int cid = static_cast<int>(id->as_number());
+    if (!line_of.emplace(cid, c.line()).second)
+      throw InputError(format_location(json_path, c.line()) + ": category id " + std::to_string(cid) + " is listed again (first at line " +
+                       std::to_string(line_of[cid]) + "); give each category its own id");
+    cats.emplace_back(cid, name->as_string());
   }
   std::sort(cats.begin(), cats.end());
   std::unordered_map<int, int> class_of;

@@ -33,6 +33,7 @@ const char* to_string(ProblemKind k) {
     case ProblemKind::size_mismatch: return "size mismatch";
     case ProblemKind::duplicate_box: return "duplicate box";
     case ProblemKind::zero_area_box: return "zero-area box";
+    case ProblemKind::missing_labels: return "missing labels";
   }
   return "?";
 }
@@ -461,6 +462,18 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
                                                                          : yolo_candidates(*src, split);
   std::vector<std::vector<Problem>> found = probe_candidates(*src, static_cast<int>(split.names.size()), o, candidates);
   keep_usable(candidates, found, split);
+  // A labels/ folder missing or misplaced: each image alone is a background image, all of them
+  // together is a mistake (Ultralytics warns "No labels found" too). Images stay usable.
+  if (o.labels_expected && src->format == SplitSource::Format::yolo && !split.samples.empty() &&
+      std::none_of(split.samples.begin(), split.samples.end(), [](const Sample& s) {
+        std::error_code ec;
+        return fs::is_regular_file(s.labels, ec);
+      }))
+    split.problems.push_back({ProblemKind::missing_labels, src->where,
+                              "no image of split '" + name + "' has a label file (looked for " + split.samples.front().labels +
+                                  " and the like): every image would train as background. Put one .txt per image in the "
+                                  "labels/ folder beside images/ (same relative path), or fix the split's path",
+                              false});
 
   if (o.report_only) return split;
   enforce_on_error(split, *src, o);

@@ -367,11 +367,12 @@ void Governor::give_up(train::Trainer& t, const std::string& what, const std::st
       "  budget                {:>10}\n  parameters            {:>10}\n  gradients             {:>10}\n"
       "  optimizer state       {:>10}\n  EMA                   {:>10}\n  step peak so far      {:>10}\n"
       "{} a lighter backbone (model.file, e.g. a smaller scale), raise memory.budget{}, or run `trainer memory --config ...` "
-      "for the full table. The last checkpoint is intact. ({})",
+      "for the full table.{} ({})",
       t.state().step + 1, micro_batch(t), why, o_.budget() > 0 ? format_bytes(double(o_.budget())) : std::string("none"),
       format_bytes(double(st.parameters)), format_bytes(double(st.gradients)), format_bytes(double(st.optimizer)),
       format_bytes(double(st.ema)), format_bytes(double(std::max(peak_so_far_, monitor(t).sample().peak_allocated))), size,
-      o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on", what));
+      o_.recover() ? (o_.allow_amp() ? "" : ", or allow memory.allow_amp") : ", or leave memory.governor on",
+      t.state().step > 0 ? " The checkpoints written so far are intact." : "", what));
 }
 
 Json Governor::save_state() const {

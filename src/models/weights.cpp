@@ -4,6 +4,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -238,6 +239,16 @@ ModelSpec spec_of(const Json& meta) {
 }  // namespace
 
 ModelSpec stored_model(torch::serialize::InputArchive& archive, const std::string& path) { return spec_of(stored_meta(archive, path)); }
+
+bool same_model(const ModelSpec& spec, const DetectorImpl& model) {
+  if (spec.scale != model.scale()) return false;
+  if (spec.text == model.yaml_text()) return true;
+  try {
+    return YAML::Dump(YAML::Load(spec.text)) == YAML::Dump(YAML::Load(model.yaml_text()));
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
 
 LoadedWeights load_weights(const std::string& path, c10::Device device) {
   torch::serialize::InputArchive archive;

@@ -12,6 +12,26 @@
 
 namespace headroom::train {
 
+namespace {
+
+// Validation scores the model's class k as the val split's class k: both splits must name the
+// same classes in the same order (COCO files and label maps each carry their own list; their
+// ids may differ, as validation reports the val split's).
+void check_same_classes(const data::Split& train, const data::Split& val) {
+  if (train.names == val.names) return;
+  const auto classes = [](const data::Split& s) {
+    std::string out;
+    for (size_t k = 0; k < s.names.size() && k < 12; ++k)
+      out += (k ? ", " : "") + (s.category_ids.empty() ? "" : std::to_string(s.category_ids[k]) + ":") + s.names[k];
+    return out + (s.names.size() > 12 ? ", ..." : "");
+  };
+  throw InputError(val.source.where + ": split 'val' has the classes [" + classes(val) + "], split 'train' (" + train.source.where +
+                   ") [" + classes(train) + "]: validation would score one class as another. Give both splits the same "
+                   "category names, in the same order");
+}
+
+}  // namespace
+
 TrainerOptions trainer_options(const Config& c, c10::Device device) {
   const TrainConfig& t = c.train;
   TORCH_CHECK(t.optimizer != "auto", "train.optimizer auto reached trainer_options unresolved (with_chosen_optimizer)");
@@ -121,6 +141,7 @@ TrainerParts make_trainer_parts(const Config& config, c10::Device device, const 
   // The run's config holds the optimizer auto chose: a resume rebuilds that choice.
   const Config c = with_chosen_optimizer(config, int64_t(train->samples.size()), int64_t(train->names.size()),
                                          group ? group->world() : 1);
+  if (val) check_same_classes(*train, *val);
   TrainerParts p;
   p.options = trainer_options(c, device);
   p.device = device;

@@ -232,6 +232,7 @@ std::optional<eval::CocoStats> Trainer::validate() {
     if (exchange_ && exchange_->agree_validation(!r, state_.val_batch)) r.reset();
   }
   if (monitor_) monitor_->phase_ended();
+  if (!exchange_) eval::check_some_decoded(*r, *split);
   if (exchange_) r->stats = exchange_->gather_validation(*r, *val_split_);
   last_metrics_ = r->stats;
   state_.last_eval_step = state_.step;
@@ -381,7 +382,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   // The model is rebuilt from the config's model file: one edited since would take the saved
   // tensors where their shapes allow (a pooling size, an activation), and train another network.
   const models::ModelSpec stored = models::stored_model(root, path);
-  if (stored.text != model_->yaml_text() || stored.scale != model_->scale())
+  if (!models::same_model(stored, *model_))
     throw InputError(path + ": the run trained the model " + stored.file + (stored.scale.empty() ? "" : " scale " + stored.scale) +
                      ", and " + model_->yaml_file() + (model_->scale().empty() ? "" : " scale " + model_->scale()) +
                      " now describes another (edited since?): a resumed run continues the model it trained. Restore that "

@@ -13,7 +13,8 @@ namespace headroom {
 // the run's log file), except the ones Headroom expects. c10 keeps its warning handler per
 // thread: the loader's and the checkpoint writer's threads keep LibTorch's own.
 void init_logging(const std::string& level);
-// Also writes everything at `level` to `path` (appends: a resumed run keeps its history).
+// Also writes everything at `level` to `path` (appends: a resumed run keeps its history). The
+// first file of a process starts with the lines said since init_logging (the last 2000).
 void add_log_file(const std::string& path);
 
 }  // namespace headroom

@@ -41,6 +41,7 @@ enum class ProblemKind {
   size_mismatch,      // COCO width/height differ from the image file
   duplicate_box,      // dropped, the image is kept
   zero_area_box,      // dropped, the image is kept
+  missing_labels,     // YOLO layout: not one image of the split has a label file (every image would be background)
 };
 const char* to_string(ProblemKind k);
 
@@ -90,6 +91,9 @@ struct ScanOptions {
   // For reports (data check): record every problem without logging it, never throw for it,
   // and return an empty split instead of failing when nothing is usable.
   bool report_only = false;
+  // A YOLO split none of whose images has a label file is a problem (missing_labels); images to
+  // predict on (trainer predict --source) carry none.
+  bool labels_expected = true;
 };
 
 struct Split {

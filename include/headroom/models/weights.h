@@ -46,6 +46,9 @@ bool has_headroom_trailer(const std::string& path);
 // The model description write_weights stored in `archive` (file, YAML text, scale, class count);
 // InputError naming `path` when it holds none.
 ModelSpec stored_model(torch::serialize::InputArchive& archive, const std::string& path);
+// Whether `model` is built as `spec` describes: the same scale and the same YAML, read (comments
+// and formatting aside).
+bool same_model(const ModelSpec& spec, const DetectorImpl& model);
 
 struct LoadedWeights {
   Detector model{nullptr};
