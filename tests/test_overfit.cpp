@@ -134,6 +134,11 @@ TEST(Overfit, TinyCenterNet) {
   v = test::run_trainer("val --gt " + dir + "/results_gt.json --results " + dir + "/results.json --json");
   ASSERT_EQ(v.exit_code, 0) << v.output;
   EXPECT_NEAR(Json::parse(v.output, "stdout").find("AP50")->as_number(), r.ap50, 1e-6);
+  // Results for an image the ground truth does not list are another set's (pycocotools refuses them too).
+  test::write_bytes(dir + "/other.json", R"([{"image_id": 99999, "category_id": 0, "bbox": [0, 0, 1, 1], "score": 0.5}])");
+  v = test::run_trainer("val --gt " + dir + "/results_gt.json --results " + dir + "/other.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find(dir + "/other.json: result 0 (image_id 99999) is for an image"), std::string::npos) << v.output;
 
   const std::string images = std::filesystem::path(handful()).parent_path() / "images" / "train";
   v = test::run_trainer("predict --config " + dir + "/run.yaml --weights " + r.weights + " --source " + images +

@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "commands.h"
 #include "headroom/core/errors.h"
@@ -29,7 +30,14 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (!gt_json.empty() || !results_json.empty()) {
       if (gt_json.empty() || results_json.empty()) throw InputError("val: --gt and --results go together");
       const eval::CocoGroundTruth gt = eval::read_coco_ground_truth(gt_json);
-      const eval::CocoStats s = eval::coco_evaluate(gt.boxes, eval::read_coco_results(results_json), gt.image_ids, gt.category_ids);
+      const std::vector<eval::CocoBox> results = eval::read_coco_results(results_json);
+      const std::set<int64_t> images(gt.image_ids.begin(), gt.image_ids.end());
+      for (size_t i = 0; i < results.size(); ++i)  // as pycocotools' loadRes: results of other images are another set's
+        if (!images.count(results[i].image_id))
+          throw InputError(results_json + ": result " + std::to_string(i) + " (image_id " + std::to_string(results[i].image_id) +
+                           ") is for an image " + gt_json + " does not list; score results against the ground truth they were "
+                           "made for");
+      const eval::CocoStats s = eval::coco_evaluate(gt.boxes, results, gt.image_ids, gt.category_ids);
       if (json)
         print_json(eval::coco_stats_json(s, gt.category_names));
       else
