@@ -9,16 +9,19 @@
 
 #include <ATen/ATen.h>
 #include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
+#include "headroom/core/logging.h"
 #include "headroom/data/image.h"
 #include "headroom/data/letterbox.h"
 #include "headroom/data/synth.h"
@@ -587,7 +590,17 @@ TEST(Train, ASkippedStepNamesItsCause) {
   auto reader = std::make_unique<Reader>();
   reader->out = &causes;
   t.register_hook(std::move(reader));
+  train::register_default_hooks(t, c);  // the non-finite guard says it, as docs/training.md quotes
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
   t.train();
+  auto& sinks = spdlog::default_logger()->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  EXPECT_NE(log.str().find("step 3: 2 of the last 3 optimizer steps skipped (the first for non-finite gradients in parameter group "
+                           "'norm'); 2 in the run"),
+            std::string::npos)
+      << log.str();
   ASSERT_EQ(causes.size(), 3u);  // reads at steps 3, 4 (the epoch's end: 32 images) and 6
   EXPECT_EQ(causes[0], "non-finite gradients in parameter group 'norm'");
   EXPECT_EQ(causes[1], "");
