@@ -247,6 +247,29 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt --imgsz 100");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--imgsz 100 must be a positive multiple of 32"), std::string::npos) << r.output;
+  r = test::run_trainer("export --weights " + dir + "/runs/ft/weights/last.pt --imgsz 100000");  // not an allocator's error
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("at most 8192"), std::string::npos) << r.output;
+
+  // predict never writes over the images it reads: not into their folder, and images of one name
+  // (s1/img.jpg, s2/img.jpg) are drawn as img.jpg and img_2.jpg.
+  fs::create_directories(dir + "/same/s1");
+  fs::create_directories(dir + "/same/s2");
+  const std::string one = images + "/" + fs::directory_iterator(images)->path().filename().string();
+  fs::copy_file(one, dir + "/same/s1/img.jpg");
+  fs::copy_file(one, dir + "/same/s2/img.jpg");
+  const std::string original = test::read_bytes(dir + "/same/s1/img.jpg");
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same/s1 --save-dir " + dir + "/same/s1 device=cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the folder of --source"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/same/s1/img.jpg"), original);
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same --save-dir " + dir + "/drawn device=cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/drawn/img.jpg") && fs::exists(dir + "/drawn/img_2.jpg")) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/same/s1/img.jpg"), original);
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/no-such.jpg device=cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/no-such.jpg does not exist"), std::string::npos) << r.output;
   r = test::run_trainer("predict --weights " + dir + "/runs/ft/weights/last.safetensors --source " + images + " --save-dir " + dir +
                         "/pred2 device=cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -283,6 +283,16 @@ TEST(Pipeline, ConfigConvertWritesTheConfigItMeans) {
   const std::string text = test::read_bytes(yaml);
   EXPECT_NE(text.find("lr_steps: [1000, 5000]  # manual_step_learning_rate schedule step (" + path + ":"), std::string::npos) << text;
   EXPECT_EQ(config_to_json(interop::load_config_file(yaml)).dump(), config_to_json(interop::load_config_file(path)).dump());
+  // Onto the pipeline itself, through a link too: refused, the pipeline as it was.
+  const std::string before = test::read_bytes(path), link = fs::path(path).parent_path().string() + "/link.config";
+  fs::create_symlink(path, link);
+  r = test::run_trainer("config convert " + path + " -o " + link);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the pipeline.config itself"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(path), before);
+  r = test::run_trainer("config convert " + path + ".missing");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ".missing: not found"), std::string::npos) << r.output;
 }
 
 // The user's pipeline, pointed at a one-class synthetic set converted to TFRecords, at 64 px and

@@ -390,6 +390,10 @@ TEST(TfRecord, ATfRecordSetTrainsAndValidates) {
   test::RunResult r = test::run_trainer("data convert --from " + test::small_synth() + " --to tfrecord --shards 2 --out " + dir +
                                         "/rec --json > " + dir + "/convert.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  test::write_bytes(dir + "/a-file", "");  // --out naming a file: said so, not a filesystem error
+  const test::RunResult onto_file = test::run_trainer("data convert --from " + test::small_synth() + " --to yolo --out " + dir + "/a-file");
+  EXPECT_EQ(onto_file.exit_code, 2) << onto_file.output;
+  EXPECT_NE(onto_file.output.find(dir + "/a-file: a file is there; give a new folder"), std::string::npos) << onto_file.output;
   const Json summary = Json::parse(test::read_bytes(dir + "/convert.json"), "data convert --json");
   EXPECT_EQ(summary.find("data_yaml")->as_string(), dir + "/rec/data.yaml");
   const int64_t images = int64_t(summary.find("images")->find("train")->as_number() + summary.find("images")->find("val")->as_number());

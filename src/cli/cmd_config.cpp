@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
 #include "headroom/core/files.h"
@@ -16,8 +17,12 @@ CLI::App* add_convert(CLI::App& config, int& exit_code) {
   cmd->add_option("pipeline", pipeline, "The pipeline.config")->required();
   cmd->add_option("-o,--out", out, "YAML to write (omitted: print it)");
   cmd->callback([&exit_code] {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(pipeline, ec)) throw InputError(pipeline + ": not found, or not a file");
     if (!data::is_pipeline_config(pipeline))
       throw InputError(pipeline + ": not a TF OD API pipeline config (protobuf text starting with model { ... })");
+    if (!out.empty() && std::filesystem::equivalent(pipeline, out, ec))  // through links too
+      throw InputError("--out " + out + " is the pipeline.config itself; the YAML would replace it: choose another --out");
     const interop::PipelineConfig p = interop::read_pipeline_config(pipeline);
     const std::string yaml = interop::pipeline_to_yaml(p, pipeline);
     load_run_config(pipeline, {});  // what `trainer train --config` would refuse is refused here too

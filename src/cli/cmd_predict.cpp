@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "commands.h"
 #include "headroom/core/errors.h"
@@ -39,12 +40,19 @@ std::shared_ptr<const data::Split> source_split(const Config& c, const std::stri
 
 // One image's detections ([N, 6] rows: x1 y1 x2 y2 score class, original pixels) drawn into a
 // JPEG in out_dir, and as an entry of predictions.json.
+// `used`: the names written so far. Images of one name (a.jpg and a.png, s1/a.jpg and s2/a.jpg)
+// get a suffix rather than one replacing the other, and no source image is written over.
 Json write_prediction(const Config& c, const data::Sample& s, const std::vector<std::array<float, 6>>& rows,
-                      const std::vector<std::string>& names, const std::string& out_dir) {
+                      const std::vector<std::string>& names, const std::string& out_dir, std::set<std::string>& used) {
   const std::string bytes = read_file(s.image);
   data::Image img = data::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), c.data.max_pixels);
   eval::draw_detections(img, rows, names);
-  const std::string out = (fs::path(out_dir) / (fs::path(s.image).stem().string() + ".jpg")).string();
+  const std::string stem = fs::path(s.image).stem().string();
+  std::string out;
+  std::error_code ec;
+  for (int n = 1; out.empty() || used.count(out) || fs::equivalent(out, s.image, ec); ++n)
+    out = (fs::path(out_dir) / (n == 1 ? stem + ".jpg" : stem + "_" + std::to_string(n) + ".jpg")).string();
+  used.insert(out);
   const auto jpeg = data::encode_jpeg(img, 95);
   write_file_atomic(out, std::string(jpeg.begin(), jpeg.end()));
   Json dets = Json::array();
@@ -54,7 +62,8 @@ Json write_prediction(const Config& c, const data::Sample& s, const std::vector<
     dets.push_back(Json::object({{"box", std::move(box)}, {"class", int(r[5])}, {"name", names[size_t(r[5])]},
                                  {"score", std::round(double(r[4]) * 1e4) / 1e4}}));
   }
-  return Json::object({{"image", s.image}, {"width", s.width}, {"height", s.height}, {"detections", std::move(dets)}});
+  return Json::object({{"image", s.image}, {"drawn", fs::path(out).filename().string()}, {"width", s.width}, {"height", s.height},
+                       {"detections", std::move(dets)}});
 }
 
 }  // namespace
@@ -74,6 +83,15 @@ void add_predict_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", json, "Print the detections JSON on stdout too");
   cmd->callback([&exit_code] {
     if (!(conf >= 0 && conf <= 1)) throw InputError("predict: --conf must be in [0, 1]");  // NaN too
+    if (!save_dir.empty()) {
+      std::error_code ec;
+      if (fs::exists(save_dir, ec) && !fs::is_directory(save_dir, ec))
+        throw InputError("--save-dir " + save_dir + " is a file; give a folder");
+      const fs::path source_dir = fs::is_directory(source, ec) ? fs::path(source) : fs::path(source).parent_path();
+      if (fs::equivalent(save_dir, source_dir.empty() ? fs::path(".") : source_dir, ec))
+        throw InputError("--save-dir " + save_dir + " is the folder of --source " + source +
+                         ": the drawn images would sit among your images; give another folder");
+    }
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
     models::LoadedWeights w = interop::load_any_weights(weights, device);
@@ -84,10 +102,13 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     const auto split = source_split(c, source, names);
 
     const std::string out_dir = save_dir.empty() ? create_run_dir(c.project, "predict", false) : save_dir;
-    fs::create_directories(out_dir);
+    std::error_code made;
+    fs::create_directories(out_dir, made);
+    if (made) throw InputError("--save-dir " + out_dir + ": cannot create the folder: " + made.message());
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/false, device.is_cuda(), eval::input_preprocess(c, w.info.framework)));
     const eval::DecodeOptions d = eval::decode_options(c, conf);
     Json results = Json::array();
+    std::set<std::string> drawn;
     int64_t detections = 0, left_out = 0;
     at::NoGradGuard no_grad;
     loader.start(0);
@@ -98,7 +119,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
           ++left_out;
           continue;
         }
-        results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir));
+        results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir, drawn));
         detections += int64_t(rows[b].size());
       }
     }

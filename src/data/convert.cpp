@@ -131,10 +131,12 @@ ConvertSummary convert_data(const ConvertOptions& o) {
   const DataSpec spec = read_data_yaml(o.from);
   const fs::path out = fs::absolute(o.out);
   std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) throw InputError(o.out + ": a file is there; give a new folder");
   if (fs::exists(out, ec) && !fs::is_empty(out, ec))
     throw InputError(o.out + ": the output folder is not empty; give a new one (nothing there is overwritten)");
   if (o.shards < 1) throw InputError("--shards must be at least 1");
-  fs::create_directories(out);
+  fs::create_directories(out, ec);
+  if (ec) throw InputError(o.out + ": cannot create the output folder: " + ec.message());
 
   ConvertSummary summary;
   std::vector<std::string> names;

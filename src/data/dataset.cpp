@@ -258,6 +258,9 @@ void list_images(const std::string& source, const std::string& where, std::vecto
     }
     return;
   }
+  if (!fs::exists(source, ec))
+    throw InputError(where + ": " + source + " does not exist" +
+                     (source.find_first_of("*?[") != std::string::npos ? " (patterns are not expanded: give the folder, or a .txt list)" : ""));
   throw InputError(where + ": " + source + " is neither an image, a folder of images nor a .txt list of image paths");
 }
 

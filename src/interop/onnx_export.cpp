@@ -451,8 +451,9 @@ void add_io(onnx::ValueInfoProto* v, const std::string& name, bool half, const s
 void check_export_options(const DetectorInfo& di, const OnnxExportOptions& o) {
   if (o.batch() < 1) throw InputError("export: --batch must be at least 1");
   if (o.max_det() < 1) throw InputError("export: --max-det must be at least 1");
-  if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0)
-    throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple));
+  if (o.imgsz() <= 0 || o.imgsz() % di.input_multiple != 0 || o.imgsz() > 8192)  // data.imgsz's range
+    throw InputError("export: --imgsz " + std::to_string(o.imgsz()) + " must be a positive multiple of " + std::to_string(di.input_multiple) +
+                     ", at most 8192");
 }
 
 // Opset, producer and an empty graph named after the model.
