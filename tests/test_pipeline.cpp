@@ -56,6 +56,12 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   EXPECT_FALSE(data::is_pipeline_config(dir + "/flow.yaml"));
   test::write_bytes(dir + "/colon.config", "# theirs\nmodel: {\n  center_net: {\n    num_classes: 1\n  }\n}\n");
   EXPECT_TRUE(data::is_pipeline_config(dir + "/colon.config"));
+  // Saved by a Windows editor, with a UTF-8 byte-order mark: the same pipeline.
+  test::write_bytes(dir + "/bom.config", "\xEF\xBB\xBF" + test::read_bytes(path));
+  ASSERT_TRUE(data::is_pipeline_config(dir + "/bom.config"));
+  const Json with_bom = config_to_json(interop::load_config_file(dir + "/bom.config")), plain = config_to_json(interop::load_config_file(path));
+  for (const char* section : {"model", "train", "augment", "loss"})
+    EXPECT_EQ(with_bom.find(section)->dump(), plain.find(section)->dump()) << section;
   const Config p = interop::load_config_file(path);
   const Config hand = interop::load_config_file(std::string(HEADROOM_SOURCE_DIR) + "/configs/centernet_hg104.yaml", {"data.dataset=" + path});
   const Json jp = config_to_json(p), jh = config_to_json(hand);

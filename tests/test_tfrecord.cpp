@@ -239,6 +239,8 @@ TEST(TfRecord, ShardedNamesNeedEveryShard) {
 
 TEST(TfRecord, LabelMapErrorsNameTheLineAndTheFieldMeant) {
   const std::string dir = test::temp_dir("tfrecord-label-map");
+  test::write_bytes(dir + "/bom.pbtxt", "\xEF\xBB\xBFitem {\n  id: 1\n  name: \"cat\"\n}\n");  // a Windows editor's
+  ASSERT_EQ(read_label_map(dir + "/bom.pbtxt").size(), 1u);
   test::write_bytes(dir + "/typo.pbtxt", "item {\n  id: 1\n  nmae: \"cat\"\n}\n");
   std::string e = test::input_error_of([&] { read_label_map(dir + "/typo.pbtxt"); });
   EXPECT_NE(e.find("typo.pbtxt:3:"), std::string::npos) << e;

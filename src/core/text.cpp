@@ -36,6 +36,11 @@ std::string to_lower(std::string_view s) {
 
 std::string first_line(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
 
+std::string without_bom(std::string s) {
+  if (s.compare(0, 3, "\xEF\xBB\xBF") == 0) s.erase(0, 3);
+  return s;
+}
+
 std::string replace_all(std::string s, std::string_view from, std::string_view to) {
   if (from.empty()) return s;
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);

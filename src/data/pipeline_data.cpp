@@ -18,7 +18,7 @@ namespace pb = google::protobuf;
 bool is_pipeline_config(const std::string& path) {
   std::string text;
   try {
-    text = read_file(path);
+    text = without_bom(read_file(path));
   } catch (const InputError&) {
     return false;
   }
@@ -83,7 +83,7 @@ class Collector : public pb::io::ErrorCollector {
 std::unique_ptr<PipelineText> parse_pipeline(const std::string& path) {
   auto p = std::make_unique<PipelineText>();
   p->path = path;
-  const std::string text = read_file(path);
+  const std::string text = without_bom(read_file(path));
   pb::TextFormat::Parser parser;
   Collector collected(path);
   parser.RecordErrorsTo(&collected);

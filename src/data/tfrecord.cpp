@@ -50,7 +50,7 @@ class ParseErrors : public google::protobuf::io::ErrorCollector {
 }  // namespace
 
 std::vector<LabelMapItem> read_label_map(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = without_bom(read_file(path));
   tf::StringIntLabelMap map;
   google::protobuf::TextFormat::Parser parser;
   ParseErrors errors(path);

@@ -17,6 +17,9 @@ std::string to_lower(std::string_view s);
 bool ends_with(std::string_view s, std::string_view suffix);
 // Up to the first newline (an exception's message without its backtrace).
 std::string first_line(std::string_view s);
+// `s` without a leading UTF-8 byte-order mark (Windows editors write one; protobuf's text
+// parser refuses it).
+std::string without_bom(std::string s);
 // `s` with every `from` replaced by `to`.
 std::string replace_all(std::string s, std::string_view from, std::string_view to);
 
