@@ -1,5 +1,6 @@
 // The trainer binary end to end: exit codes, messages, JSON output.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "headroom/core/json.h"
+#include "headroom/core/run_dir.h"
 #include "headroom/data/letterbox.h"
 #include "test_util.h"
 

@@ -121,11 +121,27 @@ TEST(RunDir, PicksAFreshNameUnlessReuseIsAsked) {
   EXPECT_EQ(create_run_dir(project, "exp", true), project + "/exp");
 }
 
+// One holder at a time, named to the next; released with its owner, as the kernel releases a
+// killed process's (the kill-and-resume tests resume into the folder of a killed run).
+TEST(RunDir, OneRunHoldsItsFolderAtATime) {
+  const std::string dir = test::temp_dir("run-lock");
+  {
+    RunDirLock held(dir);
+    const std::string error = test::input_error_of([&] { RunDirLock again(dir); });
+    EXPECT_NE(error.find(dir + ": another trainer is writing in this run folder (process " + std::to_string(::getpid()) + " on "),
+              std::string::npos) << error;
+    EXPECT_NE(error.find("give this run another name"), std::string::npos) << error;
+  }
+  EXPECT_EQ(test::input_error_of([&] { RunDirLock again(dir); }), "");
+}
+
 TEST(RunDir, HoldsTheResolvedConfigAndTheLog) {
   init_logging("info");
   const std::string project = test::temp_dir("runs");
   const Config c = load_config("", {"project=" + project, "name=demo", "train.batch=5"});
-  const std::string dir = open_run_dir(c);
+  std::unique_ptr<RunDirLock> lock;
+  const std::string dir = open_run_dir(c, lock);
+  ASSERT_TRUE(lock);
   spdlog::info("a line for the log file");
   spdlog::default_logger()->flush();
   EXPECT_EQ(dir, project + "/demo");

@@ -205,12 +205,16 @@ int run_train(TrainArgs& a, bool resuming) {
   }
   Config c;
   std::string checkpoint, run_dir;
+  std::shared_ptr<RunDirLock> run_dir_lock;
   if (resuming) {
     const ResumePoint r = find_resume_point(a);
     checkpoint = r.checkpoint;
     run_dir = r.run_dir;
     c = resume_config(checkpoint, run_dir, r.overrides);
-    if (world.rank == 0) add_log_file((fs::path(run_dir) / "train.log").string());
+    if (world.rank == 0) {
+      run_dir_lock = std::make_shared<RunDirLock>(run_dir);  // a run still training there is not resumed beside itself
+      add_log_file((fs::path(run_dir) / "train.log").string());
+    }
     if (r.given && world.rank == 0) warn_ignored_settings(*r.given, c, checkpoint);
   } else {
     if (a.config_path.empty()) throw InputError("train: give --config C (configs/ has examples), or --resume");
@@ -225,6 +229,7 @@ int run_train(TrainArgs& a, bool resuming) {
                                           device);
   cli::RunOptions options;
   options.run_dir = run_dir;
+  options.run_dir_lock = std::move(run_dir_lock);
   options.checkpoint = checkpoint;
   options.group = group;
   Run run = build_run(std::move(c), device, std::move(options));

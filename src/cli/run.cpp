@@ -106,7 +106,12 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
   train::TrainerParts parts = train::make_trainer_parts(c, device, "", train_split, val_split, o.group);
   std::string run_dir = o.run_dir;
   const int rank = o.group ? o.group->rank() : 0;
-  if (run_dir.empty() && rank == 0) run_dir = open_run_dir(c);
+  run.run_dir_lock = o.run_dir_lock;
+  if (run_dir.empty() && rank == 0) {
+    std::unique_ptr<RunDirLock> lock;
+    run_dir = open_run_dir(c, lock);
+    run.run_dir_lock = std::move(lock);
+  }
   if (o.group) run_dir = o.group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
   parts.run_dir = run_dir;
   parts.monitor = run.monitor;

@@ -1,5 +1,11 @@
 #include "headroom/core/run_dir.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "headroom/core/config.h"
@@ -30,8 +36,38 @@ std::string create_run_dir(const std::string& project, const std::string& name, 
   throw Error(project + ": no free run name for '" + name + "'");
 }
 
-std::string open_run_dir(const Config& c) {
+RunDirLock::RunDirLock(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the run folder's lock: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[256] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string();
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the run folder: " + std::strerror(err));
+    throw InputError(dir + ": another trainer is writing in this run folder" + (who.empty() ? "" : " (" + who + ")") +
+                     ", and two runs in one folder would write over each other's checkpoints and log. Wait for it to end "
+                     "or stop it, or give this run another name (name=...; exist_ok=false picks a fresh folder)");
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = "process " + std::to_string(::getpid()) + " on " + host + "\n";
+  // Only a note for the message above: the flock is the lock, so a failed write is harmless.
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
+    spdlog::debug("{}: could not record the lock's holder", path);
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
+}
+
+std::string open_run_dir(const Config& c, std::unique_ptr<RunDirLock>& lock) {
   const std::string dir = create_run_dir(c.project, c.name, c.exist_ok);
+  lock = std::make_unique<RunDirLock>(dir);  // before config.yaml: a run already there keeps its own
   write_file_atomic((fs::path(dir) / "config.yaml").string(), config_to_yaml(c));
   add_log_file((fs::path(dir) / "train.log").string());
   spdlog::info("run directory: {}", dir);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "headroom/core/config.h"
+#include "headroom/core/run_dir.h"
 #include "headroom/train/memory_monitor.h"
 #include "headroom/data/dataset.h"
 #include "headroom/dist/group.h"
@@ -22,6 +23,7 @@ namespace headroom::cli {
 
 struct RunOptions {
   std::string run_dir;                               // "" = a new one under project/name (rank 0)
+  std::shared_ptr<RunDirLock> run_dir_lock;          // run_dir's, taken by the caller (a resume); a new folder's is taken here
   std::string checkpoint;                            // a checkpoint to resume from
   std::shared_ptr<dist::Group> group;                // null = one process
   std::shared_ptr<const data::Split> train, val;     // train null = the config's splits (val: when it has one); val null beside a train = none
@@ -34,6 +36,7 @@ struct Run {
   c10::Device device = c10::Device(c10::kCPU);
   int64_t budget = 0;                       // memory.budget in bytes, less a data.cache=ram's images on the CPU
   std::shared_ptr<MemoryMonitor> monitor;
+  std::shared_ptr<RunDirLock> run_dir_lock;  // before the trainer: released after its last checkpoint is written
   std::unique_ptr<train::Trainer> trainer;  // its first hook is the governor, which runs its steps
   memory::Governor* governor = nullptr;     // owned by the trainer
 };
