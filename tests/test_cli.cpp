@@ -196,6 +196,29 @@ TEST(Cli, TrainWithAutoBatchRecordsTheBatchItChose) {
   EXPECT_NE(saved.find("batch: 8\n"), std::string::npos) << saved;
 }
 
+// A second trainer in a run folder that one is still writing (exist_ok, or --resume of a run
+// still going) is refused before it writes anything there.
+TEST(Cli, ASecondTrainerInARunFolderIsRefusedAndChangesNothing) {
+  const std::string dir = test::temp_dir("cli-run-lock");
+  const std::string cfg = tiny_run_config(dir);
+  const std::string args = " train.steps=2 train.val_every=0 project=" + dir + "/runs name=a" + tiny_model_args();
+  test::RunResult r = test::run_trainer("train --config " + cfg + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string run = dir + "/runs/a";
+  const std::vector<std::string> files = {run + "/config.yaml", run + "/train.log", run + "/weights/last.pt"};
+  std::vector<std::string> before;
+  for (const auto& f : files) before.push_back(test::read_bytes(f));
+  RunDirLock held(run);  // as the first trainer holds it while it runs
+  r = test::run_trainer("train --config " + cfg + args + " exist_ok=true train.lr0=0.5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(run + ": another trainer is writing in this run folder (process " + std::to_string(::getpid())),
+            std::string::npos) << r.output;
+  r = test::run_trainer("train --resume " + run + "/weights/last.pt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("another trainer is writing in this run folder"), std::string::npos) << r.output;
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(test::read_bytes(files[i]), before[i]) << files[i];
+}
+
 namespace {
 std::string interop_fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/" + name; }
 }  // namespace
@@ -230,8 +253,15 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"AP50\""), std::string::npos) << r.output;
 
-  r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/m.safetensors");
+  r = test::run_trainer("export --weights " + pt + " --out " + dir + "/m.safetensors");  // the format from the name
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/m.safetensors").find("onnx"), std::string::npos);
+  EXPECT_NE(test::read_bytes(dir + "/m.safetensors").find("\"dtype\""), std::string::npos);  // a safetensors header
+  r = test::run_trainer("export --weights " + pt + " --format onnx --out " + dir + "/m2.safetensors");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out " + dir + "/m2.safetensors names a .safetensors file but --format is onnx"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/m2.safetensors"));
   r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/nodir/m.safetensors");
   EXPECT_EQ(r.exit_code, 1) << r.output;  // the folder is named, not the temporary file
   EXPECT_NE(r.output.find(dir + "/nodir/m.safetensors: cannot create it: its folder " + dir + "/nodir does not exist"),

@@ -15,7 +15,8 @@ void add_export_command(CLI::App& app, int& exit_code) {
   static bool half = false, dynamic = false, end2end = true;
   static int64_t imgsz = 640, batch = 1, max_det = 300;
   cmd->add_option("--weights,-w", weights, "Weights file (Headroom, Ultralytics, YOLOv5, CenterNet or safetensors)")->required();
-  cmd->add_option("--format,-f", format, "onnx (opset 17, the decode in the graph) or safetensors")
+  CLI::Option* format_opt = cmd->add_option("--format,-f", format, "onnx (opset 17, the decode in the graph) or safetensors "
+                                            "(default: from --out's extension, else onnx)")
       ->check(CLI::IsMember({"onnx", "safetensors"}))
       ->capture_default_str();
   cmd->add_flag("--half", half, "fp16 weights (ONNX: fp16 input and outputs too, for GPU runtimes)");
@@ -28,7 +29,15 @@ void add_export_command(CLI::App& app, int& exit_code) {
                   "[B, 4 + nc, A], for the runtime's NMS")
       ->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, format_opt] {
+    // -o model.safetensors alone means that format; a format the name contradicts is refused.
+    const std::string ext = fs::path(out).extension().string();
+    if (ext == ".onnx" || ext == ".safetensors") {
+      if (format_opt->count() == 0) format = ext.substr(1);
+      if (ext.substr(1) != format)
+        throw InputError("--out " + out + " names a ." + ext.substr(1) + " file but --format is " + format +
+                         ": give --out a ." + format + " name, or drop --format");
+    }
     models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
     const std::string target = out.empty() ? fs::path(weights).replace_extension("." + format).string() : out;
     std::error_code ec;
