@@ -115,6 +115,12 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   });
   EXPECT_NE(e.find("fine_tune_checkpoint_type 'classification': CenterNet restores 'detection'"), std::string::npos) << e;
   EXPECT_NE(e.find("fine_tune_checkpoint_version V1"), std::string::npos) << e;
+  // An Ultralytics .pt there brings its YOLO (model.init_from's rule): a center_net pipeline refuses it.
+  const std::string yolo = std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/ul_yolo11t.pt";
+  const std::string with_yolo = pipeline_with("pipeline-yolo-ckpt", {{"pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0", yolo}});
+  e = test::input_error_of([&] { interop::load_config_file(with_yolo); });
+  EXPECT_NE(e.find(with_yolo + ":100: fine_tune_checkpoint " + yolo + " holds a YOLO ("), std::string::npos) << e;
+  EXPECT_NE(e.find("model.init_from=" + yolo), std::string::npos) << e;
 
   const std::string edited = pipeline_with(
       "pipeline-refused", {kNoCheckpoint,
@@ -348,4 +354,11 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   EXPECT_NE(two.output.find(dir + "/two.config:3: num_classes 2 but the label map " + dir + "/annotations/label_map.pbtxt lists 1 classes; make them agree"),
             std::string::npos) << two.output;
   EXPECT_FALSE(fs::exists(dir + "/runs/two"));
+  text.replace(text.find("num_classes: 2"), 14, "num_classes: 0");
+  test::write_bytes(dir + "/zero.config", text);
+  const test::RunResult zero = test::run_trainer("--config " + dir + "/zero.config device=cpu threads=1 project=" + dir + "/runs name=zero");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find(dir + "/zero.config:3: num_classes 0: give the number of classes the label map lists"), std::string::npos)
+      << zero.output;
+  EXPECT_FALSE(fs::exists(dir + "/runs/zero"));
 }

@@ -149,6 +149,9 @@ PipelineData pipeline_data(const PipelineText& p, std::vector<std::string>& prob
   if (p.config.model().has_center_net()) {
     d.num_classes = p.config.model().center_net().num_classes();
     d.num_classes_where = root.nested("model").nested("center_net").line("num_classes");
+    if (p.config.model().center_net().has_num_classes() && d.num_classes <= 0)
+      problems.push_back(d.num_classes_where + ": num_classes " + std::to_string(d.num_classes) +
+                         ": give the number of classes the label map lists (or leave it out: Headroom counts them)");
   }
   d.train = reader_files(root.nested("train_input_reader"), d, problems);
   d.train_where = root.line("train_input_reader");

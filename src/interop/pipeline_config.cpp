@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -16,6 +17,7 @@
 #include "headroom/core/logging.h"
 #include "headroom/core/text.h"
 #include "headroom/data/pipeline_data.h"
+#include "headroom/interop/weights_import.h"
 #include "headroom/proto/pipeline.pb.h"
 
 namespace headroom::interop {
@@ -371,8 +373,26 @@ void map_optimizer(const At& train, const tf::TrainConfig& t, Mapper& m) {
 // fine_tune_checkpoint: the TF2 checkpoint to start from and how much of it to restore.
 void map_fine_tune_checkpoint(const At& train, const tf::TrainConfig& t, Mapper& m) {
   if (!t.fine_tune_checkpoint().empty()) {
-    m.set("model.init_from", Json(data::resolve_pipeline_path(*train.file, t.fine_tune_checkpoint())).dump(), train.line("fine_tune_checkpoint"),
+    const std::string path = data::resolve_pipeline_path(*train.file, t.fine_tune_checkpoint());
+    m.set("model.init_from", Json(path).dump(), train.line("fine_tune_checkpoint"),
           "fine_tune_checkpoint (a TF2 checkpoint prefix; the model is the checkpoint's Hourglass)");
+    // Another trainer's weights file brings its own model (as model.init_from does): a YOLO's
+    // would train that YOLO from a center_net pipeline. A CenterNet's, Headroom's own (built as
+    // model.file says) or a checkpoint not on this machine yet (config convert) is left to the run.
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec)) {
+      std::optional<models::ModelSpec> carried;
+      try {
+        carried = carried_model(path);
+      } catch (const InputError& e) {
+        m.problem(train.line("fine_tune_checkpoint"), std::string("fine_tune_checkpoint: ") + e.what());
+      }
+      if (carried && carried->text.find("CenterNetHead") == std::string::npos)
+        m.problem(train.line("fine_tune_checkpoint"),
+                  "fine_tune_checkpoint " + path + " holds a YOLO (" + carried->file + "), not a CenterNet: this pipeline "
+                  "would train that YOLO. Give a TF2 CenterNet checkpoint prefix (.../checkpoint/ckpt-0), or train the YOLO "
+                  "from a YAML config (configs/yolov8s.yaml) with model.init_from=" + path);
+    }
     // CenterNet restores its feature extractor for "detection" and everything for "full"; TF takes
     // an empty type as "classification", which the hourglass extractors refuse.
     const std::string& type = t.fine_tune_checkpoint_type();
