@@ -245,12 +245,18 @@ TEST(TfRecord, LabelMapErrorsNameTheLineAndTheFieldMeant) {
   std::string e = test::input_error_of([&] { read_label_map(dir + "/typo.pbtxt"); });
   EXPECT_NE(e.find("typo.pbtxt:3:"), std::string::npos) << e;
   EXPECT_NE(e.find("did you mean 'name'?"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"object_detection.protos.StringIntLabelMapItem\" has no field named \"nmae\""), std::string::npos) << e;
   test::write_bytes(dir + "/zero.pbtxt", "item {\n  id: 1\n  name: \"cat\"\n}\nitem {\n  id: 0\n  name: \"dog\"\n}\n");
   e = test::input_error_of([&] { read_label_map(dir + "/zero.pbtxt"); });
   EXPECT_NE(e.find("zero.pbtxt:5: id 0: label map ids start at 1"), std::string::npos) << e;
   test::write_bytes(dir + "/twice.pbtxt", "item { id: 1 name: \"cat\" }\nitem { id: 1 name: \"dog\" }\n");
   e = test::input_error_of([&] { read_label_map(dir + "/twice.pbtxt"); });
   EXPECT_NE(e.find("twice.pbtxt:2: id 1 appears twice"), std::string::npos) << e;
+  // One name for two ids would file the second class's objects under the first.
+  test::write_bytes(dir + "/same-name.pbtxt", "item { id: 1 name: \"cat\" }\nitem { id: 2 name: \"dog\" display_name: \"dog\" }\n"
+                                              "item { id: 3 name: \"/m/01\" display_name: \"cat\" }\n");
+  e = test::input_error_of([&] { read_label_map(dir + "/same-name.pbtxt"); });
+  EXPECT_NE(e.find("same-name.pbtxt:3: 'cat' also names id 1 (" + dir + "/same-name.pbtxt:1); records name"), std::string::npos) << e;
   // Our own text reads back as the same classes, background allowed at 0.
   test::write_bytes(dir + "/ours.pbtxt", "item { id: 0 name: \"background\" }\n" + label_map_text({"cat", "dog"}));
   const auto items = read_label_map(dir + "/ours.pbtxt");

@@ -39,7 +39,9 @@ class ParseErrors : public google::protobuf::io::ErrorCollector {
  public:
   explicit ParseErrors(std::string file) : file_(std::move(file)) {}
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = format_location(file_, line + 1, column + 1) + ": " + message;
+    // Our copy of TF's messages sits in package headroom.tf: name them as TF's own errors do.
+    if (first_.empty())
+      first_ = format_location(file_, line + 1, column + 1) + ": " + replace_all(message, "\"headroom.tf.", "\"object_detection.protos.");
   }
   const std::string& first() const { return first_; }
 
@@ -74,6 +76,7 @@ std::vector<LabelMapItem> read_label_map(const std::string& path) {
   }
   std::vector<LabelMapItem> items;
   std::set<int> seen;
+  std::map<std::string, std::pair<int, std::string>> named;  // name or display_name -> id, where
   for (int i = 0; i < map.item_size(); ++i) {
     const tf::StringIntLabelMapItem& it = map.item(i);
     const auto loc = where.GetLocation(map.GetDescriptor()->FindFieldByName("item"), i);
@@ -85,6 +88,15 @@ std::vector<LabelMapItem> read_label_map(const std::string& path) {
     if (it.id() == 0) continue;
     if (!seen.insert(it.id()).second) throw InputError(at + ": id " + std::to_string(it.id()) + " appears twice");
     if (it.name().empty() && it.display_name().empty()) throw InputError(at + ": the item has neither name nor display_name");
+    // Records name their objects' class by this text: one text for two ids would file one class's
+    // objects under the other.
+    for (const std::string& text : {it.name(), it.display_name()}) {
+      if (text.empty()) continue;
+      const auto [other, fresh] = named.emplace(text, std::make_pair(it.id(), at));
+      if (!fresh && other->second.first != it.id())
+        throw InputError(at + ": '" + text + "' also names id " + std::to_string(other->second.first) + " (" + other->second.second +
+                         "); records name their objects' class by this text, so give each class its own name");
+    }
     items.push_back({it.id(), it.name(), it.display_name(), at});
   }
   if (items.empty()) throw InputError(path + ": the label map lists no class");
