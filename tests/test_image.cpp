@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <turbojpeg.h>
 
 #include "headroom/data/image.h"
@@ -135,6 +137,22 @@ TEST(Image, TruncatedFilesAreDetected) {
   // The thread's decoder survives a corrupt file: the next JPEG on it decodes.
   const auto good = encode_jpeg(two_tone(40, 30), 90);
   EXPECT_EQ(message_of(good), "");
+}
+
+// Junk bytes before a marker ("N extraneous bytes before marker"), common in real data sets:
+// libjpeg-turbo warns, the image is whole, and it decodes as the clean file does.
+TEST(Image, AJpegWithExtraneousBytesDecodesAsTheCleanOne) {
+  const auto clean = encode_jpeg(two_tone(64, 48), 90);
+  auto junk = clean;
+  const uint8_t dqt[] = {0xFF, 0xDB};
+  const auto at = std::search(junk.begin() + 2, junk.end(), std::begin(dqt), std::end(dqt));
+  ASSERT_NE(at, junk.end());
+  junk.insert(at, {0x12, 0x34, 0x56});
+  for (int i = 0; i < 3; ++i) {  // the thread's decoder is made again after each warning
+    const Image a = decode_image(junk.data(), junk.size(), 1 << 30), b = decode_image(clean.data(), clean.size(), 1 << 30);
+    EXPECT_EQ(a.width, 64);
+    EXPECT_EQ(a.pixels, b.pixels);
+  }
 }
 
 TEST(Image, DecompressionBombsAreRefusedBeforeDecoding) {

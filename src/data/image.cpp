@@ -93,7 +93,10 @@ ImageHeader jpeg_header(const uint8_t* d, size_t n) {
   int orientation = 1;
   size_t i = 2;
   while (i + 4 <= n) {
-    if (d[i] != 0xFF) throw ImageError("corrupt JPEG header (expected a marker at byte " + std::to_string(i) + ")");
+    if (d[i] != 0xFF) {  // junk before a marker: libjpeg skips it with a warning, and so do PIL and OpenCV
+      ++i;
+      continue;
+    }
     uint8_t marker = d[i + 1];
     if (marker == 0xFF) {  // fill byte
       ++i;
@@ -151,7 +154,9 @@ tjhandle thread_decompressor() {
 Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
   tjhandle tj = thread_decompressor();
   int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj, d, static_cast<unsigned long>(n), &w, &h, &subsamp, &colorspace) != 0) {
+  // A warning ("extraneous bytes before marker") leaves a readable header: decoding goes on.
+  if (tjDecompressHeader3(tj, d, static_cast<unsigned long>(n), &w, &h, &subsamp, &colorspace) != 0 &&
+      (tjGetErrorCode(tj) != TJERR_WARNING || w <= 0 || h <= 0)) {
     const std::string msg = tjGetErrorStr2(tj);
     thread_handle().reset();
     throw ImageError("corrupt JPEG: " + msg);
@@ -178,11 +183,12 @@ Image decode_jpeg(const uint8_t* d, size_t n, int min_w, int min_h) {
   uint8_t* dst = cmyk ? cmyk_pixels.data() : img.pixels.data();
   if (tjDecompress2(tj, d, static_cast<unsigned long>(n), dst, sw, 0, sh, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
     const std::string msg = tjGetErrorStr2(tj);
+    const bool warning = tjGetErrorCode(tj) == TJERR_WARNING;  // read before the handle is freed
     thread_handle().reset();
     // Warnings such as "extraneous bytes" leave a good image; missing or undecodable data
     // leaves part of it grey.
     const std::string lower = to_lower(msg);
-    if (tjGetErrorCode(tj) != TJERR_WARNING || lower.find("premature end") != std::string::npos ||
+    if (!warning || lower.find("premature end") != std::string::npos ||
         lower.find("huffman") != std::string::npos)
       throw ImageError("corrupt JPEG: " + msg);
   }
