@@ -106,8 +106,16 @@ TEST(Cache, ADamagedShardIsRebuiltNotUsed) {
   auto c = DecodedCache::open(*split, o);
   EXPECT_TRUE(c->rebuilt());
   test::write_bytes(o.shard_path, "not a shard at all");
+  // A build killed midway left its shard-sized temporary file: the next build removes it (its
+  // process is gone), and writes its own under the name that cleanup knows.
+  const fs::path shard(o.shard_path);
+  const std::string abandoned = (shard.parent_path() / ("." + shard.filename().string() + ".tmp999999999.1")).string();
+  test::write_bytes(abandoned, bytes);
   EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
   EXPECT_EQ(test::read_bytes(o.shard_path).size(), bytes.size());
+  EXPECT_FALSE(fs::exists(abandoned));
+  for (const auto& f : fs::directory_iterator(shard.parent_path()))
+    EXPECT_EQ(f.path().filename().string().find(".tmp"), std::string::npos) << f.path();
 }
 
 TEST(Cache, RamCacheIsRefusedWhenMemoryIsShort) {

@@ -4,6 +4,8 @@
 // (this test binary started again as two ranks: DistributedWorker).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <ATen/ATen.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -236,6 +239,34 @@ TEST(Distributed, AKilledRankStopsTheRunAndOneProcessResumesIt) {
   const auto rows = record_of(dir + "/runs/r/results.csv");
   ASSERT_EQ(rows.size(), 4u) << read_bytes(dir + "/runs/r/results.csv");  // the header and three epochs
   EXPECT_EQ(rows.back()[0], "3");
+}
+
+// Each rank validates its own share of the val split, so each caches it in a file of its own:
+// the next run uses both files as they are, where one shared file was rebuilt by every rank at
+// every run, and a rank could map the other's images.
+TEST(Distributed, EachRankCachesItsValidationShareInAFileOfItsOwn) {
+  const std::string dir = temp_dir("dist-val-cache");
+  const std::string data = test::copy_of_small_synth("dist-val-cache-data");
+  const auto run = [&](const std::string& name) {
+    const std::string cfg = config_file(dir + "/" + name, exact_run({"project=" + dir + "/runs", "name=" + name, "data.dataset=" + data,
+                                                                     "data.cache=disk", "train.steps=1", "train.val_every=1"},
+                                                                    "yolov8.yaml"));
+    return run_trainer("train --config " + cfg + " --nproc 2");
+  };
+  const RunResult first = run("a");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  std::map<std::string, fs::file_time_type> shares;
+  for (const auto& f : fs::recursive_directory_iterator(fs::path(data).parent_path()))
+    if (f.path().filename().string().find(".rank") != std::string::npos) shares[f.path().filename().string()] = f.last_write_time();
+  ASSERT_EQ(shares.size(), 2u) << first.output;
+  EXPECT_NE(shares.begin()->first.find(".rank0-of-2.hrcache"), std::string::npos) << shares.begin()->first;
+  EXPECT_NE(shares.rbegin()->first.find(".rank1-of-2.hrcache"), std::string::npos) << shares.rbegin()->first;
+  const RunResult second = run("b");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find(".rank0-of-2.hrcache: using the cache shard"), std::string::npos) << second.output;
+  EXPECT_EQ(second.output.find("rebuilding"), std::string::npos) << second.output;
+  for (const auto& f : fs::recursive_directory_iterator(fs::path(data).parent_path()))
+    if (shares.count(f.path().filename().string())) EXPECT_EQ(f.last_write_time(), shares[f.path().filename().string()]) << f.path();
 }
 
 // A checkpoint of one process at 12 images into an epoch resumes on 2 ranks, whose global

@@ -39,12 +39,16 @@ void fsync_path(const std::string& path, bool is_directory) {
   if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+std::string temporary_path(const std::string& target) {
+  const fs::path t(target);
+  const fs::path dir = t.has_parent_path() ? t.parent_path() : fs::path(".");
+  return (dir / ("." + t.filename().string() + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(std::random_device{}())))
+      .string();
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temporary_path(path_)) {
   const fs::path target(path_);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  tmp_ = (dir / ("." + target.filename().string() + ".tmp" + std::to_string(::getpid()) + "." +
-                 std::to_string(std::random_device{}())))
-             .string();
   std::error_code ec;
   if (fs::is_directory(target, ec)) throw InputError(path_ + ": a folder is there; give a file name");
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);

@@ -31,6 +31,12 @@ std::string default_shard_path(const SplitSource& source, int canvas, Preprocess
   return (anchor.parent_path() / (anchor.stem().string() + suffix)).string();
 }
 
+std::string share_shard_path(const std::string& path, int rank, int world) {
+  const fs::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + "-of-" + std::to_string(world) +
+                             p.extension().string())).string();
+}
+
 namespace {
 
 constexpr char kMagic[8] = {'H', 'R', 'C', 'A', 'C', 'H', 'E', '1'};
@@ -153,7 +159,7 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
   const std::string path = o.shard_path;
   const uint64_t key = cache_key(split, o.canvas, o.preprocess);
   if (c->load_shard(path, key)) return c;
-  if (!c->write_shard(path, split, o, key) || !c->map_shard(path)) return nullptr;
+  if (!c->write_shard(path, split, o, key)) return nullptr;
   c->rebuilt_ = true;
   return c;
 }
@@ -161,10 +167,15 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
 bool DecodedCache::map_shard(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return false;
-  struct stat st {};
-  ::fstat(fd, &st);
-  void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  const bool mapped = map_fd(fd);
   ::close(fd);
+  return mapped;
+}
+
+bool DecodedCache::map_fd(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return false;
   if (map_) ::munmap(map_, map_bytes_);
   map_ = m;
@@ -228,6 +239,8 @@ bool DecodedCache::write_shard(const std::string& path, const Split& split, cons
   h.file_bytes = h.boxes_offset + total_boxes * sizeof(ShardBox);
 
   const fs::path dir = fs::path(path).parent_path();
+  // A killed build leaves a shard-sized temporary file: those of processes that are gone go first.
+  remove_abandoned_temporaries(dir.empty() ? "." : dir.string());
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) == 0 && double(vfs.f_bavail) * vfs.f_frsize < 1.05 * double(h.file_bytes)) {
     spdlog::warn("data.cache=disk: not caching split '{}': the shard needs {} but {} has {} free; reading "
@@ -235,8 +248,8 @@ bool DecodedCache::write_shard(const std::string& path, const Split& split, cons
                  format_bytes(double(vfs.f_bavail) * vfs.f_frsize));
     return false;
   }
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  const std::string tmp = temporary_path(path);
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
   if (fd < 0) {
     spdlog::warn("data.cache=disk: cannot write {} ({}); reading images directly", tmp, std::strerror(errno));
     return false;
@@ -281,6 +294,9 @@ bool DecodedCache::write_shard(const std::string& path, const Split& split, cons
     put(&h, sizeof h, 0);  // the header last: a crash before this leaves no valid shard
   }
   ok = ok && ::fsync(fd) == 0;
+  // Mapped before the rename: another process renaming its own shard onto `path` meanwhile
+  // cannot swap this one's images for its own.
+  ok = ok && map_fd(fd);
   ok = (::close(fd) == 0) && ok;
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
     spdlog::warn("data.cache=disk: writing {} failed ({}); reading images directly", path, std::strerror(errno));

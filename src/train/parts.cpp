@@ -7,6 +7,7 @@
 
 #include "headroom/core/errors.h"
 #include "headroom/core/logging.h"
+#include "headroom/data/cache.h"
 #include "headroom/interop/init_from.h"
 #include "headroom/interop/weights_import.h"
 
@@ -189,7 +190,13 @@ TrainerParts make_trainer_parts(const Config& config, c10::Device device, const 
     p.ema_copy = interop::run_model(c, nc);
     p.ema_copy->to(device);
   }
-  if (p.val_split) p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
+  if (p.val_split) {
+    p.validation = eval::validate_options(c, *p.val_split, p.model->info(), device);
+    // Each rank validates its share (RankExchange::val_shard): a disk cache of its own, or the
+    // ranks would rebuild one file over each other's at every run.
+    if (p.group && p.group->world() > 1)
+      p.validation.loader.shard_path(data::share_shard_path(p.validation.loader.shard_path(), p.group->rank(), p.group->world()));
+  }
   p.loss = losses::make_loss(p.model->info(), losses::loss_options(c));
   if (augment::enabled(c.augment))
     p.augmenter = std::make_unique<augment::Augmenter>(

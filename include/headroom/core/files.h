@@ -26,6 +26,10 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// A fresh name beside `target` for writing it before the rename: the name AtomicFile uses, which
+// remove_abandoned_temporaries recognises (".<name>.tmp<pid>.<random>").
+std::string temporary_path(const std::string& target);
+
 // Removes from `dir` the temporary files of AtomicFiles whose process is gone (killed while it
 // wrote: a checkpoint's can be gigabytes); those of live processes stay. Returns how many.
 int remove_abandoned_temporaries(const std::string& dir);

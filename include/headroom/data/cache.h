@@ -28,6 +28,10 @@ struct CacheOptions {
 // shard has its own file).
 std::string default_shard_path(const SplitSource& source, int canvas, Preprocess p = Preprocess::fast);
 
+// The shard of one rank's share of a split (validation on several ranks): each share is its own
+// set of images, so each has its own file ("val.640.rank1-of-2.hrcache").
+std::string share_shard_path(const std::string& path, int rank, int world);
+
 // Hash of everything a shard depends on.
 uint64_t cache_key(const Split& split, int canvas, Preprocess p = Preprocess::fast);
 
@@ -56,6 +60,7 @@ class DecodedCache {
   bool load_shard(const std::string& path, uint64_t key);
   bool write_shard(const std::string& path, const Split& split, const CacheOptions& o, uint64_t key);
   bool map_shard(const std::string& path);
+  bool map_fd(int fd);
 
   size_t slot_bytes_ = 0;
   const uint8_t* base_ = nullptr;
