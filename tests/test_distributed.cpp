@@ -269,6 +269,25 @@ TEST(Distributed, EachRankCachesItsValidationShareInAFileOfItsOwn) {
     if (shares.count(f.path().filename().string())) EXPECT_EQ(f.last_write_time(), shares[f.path().filename().string()]) << f.path();
 }
 
+// One training image on two ranks makes no batch: refused with the split's entry, where the
+// run length divided by zero steps per epoch.
+TEST(Distributed, ASplitTooSmallForOneBatchOnEveryRankIsRefused) {
+  const std::string dir = temp_dir("dist-one-image");
+  const std::string data = test::copy_of_small_synth("dist-one-image-data");
+  const fs::path images = fs::path(data).parent_path() / "images" / "train";
+  bool first = true;
+  for (const auto& f : fs::directory_iterator(images)) {
+    if (!first) fs::remove(f.path());
+    first = false;
+  }
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=a", "data.dataset=" + data, "train.steps=1"},
+                                                     "yolov8.yaml"));
+  const RunResult r = run_trainer("train --config " + cfg + " --nproc 2");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("split 'train' holds 1 image, too few for one training batch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on each of 2 ranks). Add images, or train on fewer ranks"), std::string::npos) << r.output;
+}
+
 // A checkpoint of one process at 12 images into an epoch resumes on 2 ranks, whose global
 // batches are 8: the epoch goes on from image 8, and the log says that 4 images train again.
 TEST(Distributed, AResumeOnMoreRanksRepeatsTheImagesPastTheLastWholeGlobalBatch) {

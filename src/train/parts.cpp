@@ -186,6 +186,16 @@ TrainerParts make_trainer_parts(const Config& config, c10::Device device, const 
                    "its 1x1 maps); an epoch's last batch below that is left out",
                    p.loader.min_batch(), least_size);
   }
+  {
+    // Fewer images than one batch takes would make epochs of no step.
+    const int64_t W = p.loader.world(), images = int64_t(p.train_split->samples.size());
+    const int64_t per_rank = p.loader.drop_last() ? p.loader.batch() : p.loader.min_batch();
+    if (data::Loader::batches_in(images, p.loader.batch() * W, p.loader.drop_last(), p.loader.min_batch() * W) == 0)
+      throw InputError(p.train_split->source.where + ": split 'train' holds " + std::to_string(images) + " image" +
+                       (images == 1 ? "" : "s") + ", too few for one training batch: it needs at least " +
+                       std::to_string(per_rank * W) + (W > 1 ? " (" + std::to_string(per_rank) + " on each of " + std::to_string(W) + " ranks)" : "") +
+                       ". Add images, or train on fewer ranks");
+  }
   if (c.train.ema) {
     p.ema_copy = interop::run_model(c, nc);
     p.ema_copy->to(device);
