@@ -4,8 +4,6 @@
 // (this test binary started again as two ranks: DistributedWorker).
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include <ATen/ATen.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -369,6 +367,7 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
 
 // A rank of the tests below, started by run_ranks with torchrun's variables and
 // HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory, a
+// `loader_oom` file its loader,
 // `press` file makes its memory ask for a smaller micro-batch, a `micro` file holds the
 // governor's micro-batch, a `live_bn` file leaves BatchNorm training, a `timeout` file holds the
 // exchanges' timeout in seconds, 120 without, a `val_oom` file validates after the training, then
@@ -406,6 +405,18 @@ TEST(DistributedWorker, TrainsAsItsRank) {
     bool done_ = false;
   };
   if (fs::exists(dir + "/oom")) t.register_hook(std::make_unique<OomOnRank1>());
+  // Rank 1's loader alone runs out of memory filling a batch, after step 2's update.
+  class LoaderOomOnRank1 : public train::Hook {
+   public:
+    void after_phase(train::Trainer& t, train::StepPhase phase) override {
+      if (t.rank() == 1 && t.state().step == 1 && phase == train::StepPhase::update && !done_) {
+        done_ = true;
+        memory::CachingCpuAllocator::install().inject_oom_after(1, /*other_threads=*/true);
+      }
+    }
+    bool done_ = false;
+  };
+  if (fs::exists(dir + "/loader_oom")) t.register_hook(std::make_unique<LoaderOomOnRank1>());
   // Rank 1 alone holds 150 MiB through step 2: its peak crosses budget - headroom, no error.
   class PressOnRank1 : public train::Hook {
    public:
@@ -559,6 +570,32 @@ TEST(Distributed, AnOutOfMemoryErrorOnOneRankShrinksEveryRank) {
     const double diff = relative_difference(got, expected);
     std::printf("rank %d after an out-of-memory error on rank 1: relative difference to one process %.2e\n", r, diff);
     EXPECT_LE(diff, 1e-5) << "rank " << r;
+  }
+}
+
+// An out-of-memory error in one rank's loader (its buffers count against a CPU budget) is that
+// rank's alone to see: it asks at the next step's agreement, and every rank halves the micro-batch
+// together, as memory pressure does. Climbing alone, rank 1 cut its share into other parts than
+// rank 0 (SyncBatchNorm's exchanges then mismatch). No image is lost or repeated.
+TEST(Distributed, AnOutOfMemoryErrorInOneRanksLoaderShrinksEveryRank) {
+  const std::string dir = temp_dir("dist-loader-oom");
+  const std::vector<std::string> common = exact_run({"train.steps=6", "train.val_every=0", "distributed.sync_bn=false", "data.prefetch=1"},
+                                                    "yolov8.yaml");
+  std::vector<std::string> ranks = common;
+  ranks.push_back("train.batch=4");
+  config_file(dir, ranks);
+  write_bytes(dir + "/loader_oom", "rank 1, after step 2");
+  ASSERT_TRUE(run_ranks(dir));
+  // The same rung from the same step (5, the run has 6) on both; rank 1 knows why.
+  EXPECT_EQ(read_bytes(dir + "/rank0.txt"), "5 micro_batch 4 -> 2: memory pressure on rank 1\n");
+  const std::string one = read_bytes(dir + "/rank1.txt");
+  EXPECT_EQ(one.rfind("5 micro_batch 4 -> 2: rank 1: out of memory while the loader filled a batch: CPU out of memory: injected", 0), 0u)
+      << one;
+  const std::vector<at::Tensor> expected = one_process(common, 2);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<at::Tensor> got;
+    torch::load(got, dir + "/rank" + std::to_string(r) + ".pt");
+    EXPECT_LE(relative_difference(got, expected), 1e-5) << "rank " << r;
   }
 }
 

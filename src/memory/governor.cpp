@@ -125,6 +125,7 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
     }
     // Every rank learns here whether any failed (one process: only itself), before the update.
     const train::StepAgreement a = t.agree_step(kind != MemoryFailure::none, !pressure_.empty());
+    loader_oom_waiting_ = false;
     if (a.failed.empty()) {
       try {
         t.update();  // atomic: an out-of-memory error inside leaves every group untouched
@@ -311,7 +312,17 @@ bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite sit
     record(t, "validation batch " + std::to_string(b) + " -> " + std::to_string(b / 2), "out of memory: " + first_line(e.what_without_backtrace()));
     return true;
   }
-  climb(t, first_line(e.what_without_backtrace()), memory_failure(e));  // the loader: less memory for the step leaves more for its buffers
+  // The loader: less memory for the step leaves more for its buffers. On several ranks one rank
+  // alone cannot climb (the micro-batch and plan are every rank's, SyncBatchNorm exchanges once
+  // per part): it asks at the next step's agreement, as memory pressure does, and retries on the
+  // cache it freed; a second failure before that agreement stops the run.
+  if (t.world() > 1) {
+    if (!o_.recover() || loader_oom_waiting_) return false;
+    loader_oom_waiting_ = true;
+    pressure_ = "rank " + std::to_string(t.rank()) + ": out of memory while the loader filled a batch: " + first_line(e.what_without_backtrace());
+    return true;
+  }
+  climb(t, first_line(e.what_without_backtrace()), memory_failure(e));
   return true;
 }
 

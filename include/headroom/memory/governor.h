@@ -107,6 +107,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   std::vector<MemoryDecision> decisions_;
   std::vector<bool> plan_;       // the stages recomputed now
   std::string pressure_;         // several ranks: why this rank asks to shrink at the next agreement
+  bool loader_oom_waiting_ = false;  // several ranks: a loader OOM waits for that agreement
   std::set<std::pair<int64_t, int64_t>> plans_logged_;
   int64_t other_at_start_ = 0;  // host RSS beyond the tensors when training began
   int64_t other_growth_ = 0;    // CPU: its growth since, taken off the tensors' budget
