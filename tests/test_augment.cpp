@@ -294,6 +294,42 @@ TEST(Augment, TfCropHoldsAWholeBoxAndItsArea) {
   EXPECT_TRUE(at::allclose(whole.window, s.content));
 }
 
+// TF's random_crop_image prunes by what the crop window shows of a box, whatever clip_boxes
+// says; clip_boxes false then keeps the survivors' own extent. A box outside the window, on the
+// frame's bars beside the fitted crop, is dropped either way.
+TEST(Augment, TfCropPrunesByTheWindowAndClipBoxesOnlyDecidesTheExtent) {
+  AugmentOptions o;
+  o.random_crop_image.enabled = true;
+  o.random_crop_image.min_area = o.random_crop_image.max_area = 0.5;
+  o.random_crop_image.min_aspect_ratio = o.random_crop_image.max_aspect_ratio = 2.0;  // 128 x 64: bars above and below
+  const Synthetic s = synthetic(8, 1, 128, 11, 10, 20);
+  at::Tensor boxes = at::zeros({8, 3, 4}), classes = at::zeros({8, 3}, at::kLong), crowd = at::zeros({8, 3}, at::kBool);
+  for (bool clip : {true, false}) {
+    o.random_crop_image.clip_boxes = clip;
+    const augment::Params p = augment::draw_params(o, inputs(s, 128));
+    int64_t checked = 0;
+    for (int64_t b = 0; b < 8; ++b) {
+      const float y1 = p.window[b][1].item<float>(), y2 = p.window[b][3].item<float>();
+      const bool top = y1 >= 14;
+      // 0: 12 of its 20 px inside the window; 1: wholly outside it; 2: wholly inside.
+      boxes[b][0] = top ? at::tensor({40.0f, y1 - 8, 80.0f, y1 + 12}) : at::tensor({40.0f, y2 - 12, 80.0f, y2 + 8});
+      boxes[b][1] = top ? at::tensor({40.0f, y1 - 12, 80.0f, y1 - 2}) : at::tensor({40.0f, y2 + 2, 80.0f, y2 + 12});
+      boxes[b][2] = at::tensor({40.0f, y1 + 20, 80.0f, y1 + 40});
+    }
+    const augment::WarpedBoxes wb = augment::warp_boxes(p, o, boxes, classes, crowd);
+    for (int64_t b = 0; b < 8; ++b) {
+      if (std::abs(p.window[b][3].item<float>() - p.window[b][1].item<float>() - 64) > 1) continue;  // not cropped
+      ++checked;
+      EXPECT_TRUE(wb.keep[b][0].item<bool>()) << b;
+      EXPECT_FALSE(wb.keep[b][1].item<bool>()) << b << " clip_boxes " << clip;
+      EXPECT_TRUE(wb.keep[b][2].item<bool>()) << b;
+      const float h = wb.boxes[b][0][3].item<float>() - wb.boxes[b][0][1].item<float>();
+      EXPECT_NEAR(h, clip ? 12.0f : 20.0f, 0.01) << b;  // the crop is fitted at scale 1
+    }
+    EXPECT_GE(checked, 4);
+  }
+}
+
 TEST(Augment, ApplyKeepsSurvivorsFirstWithinTheRowBound) {
   AugmentOptions o;
   o.mosaic = 1, o.mixup = 0.5, o.translate = 0.2, o.scale = 0.5;

@@ -175,8 +175,11 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
   }
   const at::Tensor b = at::cat(bs, 1), cls = at::cat(cs, 1);  // [B, M, 4], [B, M]
   const at::Tensor win = p.window.unsqueeze(1);
-  const at::Tensor clipped = at::where(p.clip_to_window.view({-1, 1, 1}),
-                                       at::cat({at::maximum(b.narrow(2, 0, 2), win.narrow(2, 0, 2)), at::minimum(b.narrow(2, 2, 2), win.narrow(2, 2, 2))}, 2), b);
+  // The part of each box inside the window is what the image shows of it: it decides whether the
+  // box stays. TF's crop prunes by it whether or not clip_boxes then clips the box itself.
+  const at::Tensor in_window = at::cat({at::maximum(b.narrow(2, 0, 2), win.narrow(2, 0, 2)), at::minimum(b.narrow(2, 2, 2), win.narrow(2, 2, 2))}, 2);
+  const bool unclipped = !o.random_crop_image.clip_boxes;  // else every box is clipped (clip_to_window)
+  const at::Tensor clipped = unclipped ? at::where(p.clip_to_window.view({-1, 1, 1}), in_window, b) : in_window;
   // Corners through the matrices: [B, M, 4, 2] in cyclic order (a convex quadrilateral).
   const auto quad = [&](const at::Tensor& x) {
     const at::Tensor x1 = col(x, 0), y1 = col(x, 1), x2 = col(x, 2), y2 = col(x, 3), one = at::ones_like(x1);
@@ -188,13 +191,15 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
   const at::Tensor qb = quad(b);
   const at::Tensor full = at::cat({std::get<0>(qb.min(-2)), std::get<0>(qb.max(-2))}, -1);
   const at::Tensor out = visible_bbox(quad(clipped), double(p.out_size));
+  const at::Tensor seen = unclipped ? visible_bbox(quad(in_window), double(p.out_size)) : out;
   const at::Tensor w = col(out, 2) - col(out, 0), h = col(out, 3) - col(out, 1);
+  const at::Tensor seen_area = (col(seen, 2) - col(seen, 0)) * (col(seen, 3) - col(seen, 1));
   const at::Tensor full_area = ((col(full, 2) - col(full, 0)) * (col(full, 3) - col(full, 1))).clamp_min(1e-9);
   const at::Tensor aspect = at::maximum(w / (h + 1e-9), h / (w + 1e-9));
-  // Clipped-empty boxes (x2 <= x1 before the transform) come out with no area and are dropped.
-  const at::Tensor nonempty = (col(clipped, 2) > col(clipped, 0)) & (col(clipped, 3) > col(clipped, 1));
+  // Boxes outside the window (x2 <= x1 once clipped to it) show nothing and are dropped.
+  const at::Tensor nonempty = (col(in_window, 2) > col(in_window, 0)) & (col(in_window, 3) > col(in_window, 1));
   const at::Tensor keep = (cls >= 0) & nonempty & (w > o.box_min_size) & (h > o.box_min_size) &
-                          (w * h / full_area > p.min_visible.unsqueeze(1)) & (aspect < o.box_max_aspect);
+                          (seen_area / full_area > p.min_visible.unsqueeze(1)) & (aspect < o.box_max_aspect);
   return {out, cls, at::cat(ws, 1), keep};
 }
 
