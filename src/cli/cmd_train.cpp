@@ -222,6 +222,7 @@ int run_train(TrainArgs& a, bool resuming) {
   }
   if (world.rank > 0 && spdlog::default_logger()->level() < spdlog::level::warn) spdlog::default_logger()->set_level(spdlog::level::warn);
   const c10::Device device = rank_device(c, world);
+  set_current_device(device);  // before any CUDA call: no rank opens a context on GPU 0
   memory::apply_allocator_settings(c.memory, device);  // before the first CUDA allocation
   std::shared_ptr<dist::Group> group;
   if (world.distributed())

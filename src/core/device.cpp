@@ -13,6 +13,7 @@ namespace headroom {
 
 #ifdef HEADROOM_WITH_CUDA
 DeviceMemory cuda_device_memory(int index);  // device_cuda.cpp
+void set_cuda_device(int index);             // device_cuda.cpp
 #endif
 
 HostMemory host_memory() {
@@ -62,6 +63,13 @@ DeviceMemory device_memory(c10::Device device) {
   m.allocated = m.reserved = p.rss;
   m.peak = p.peak_rss;
   return m;
+}
+
+void set_current_device(c10::Device device) {
+#ifdef HEADROOM_WITH_CUDA
+  if (device.is_cuda() && device.has_index()) set_cuda_device(device.index());
+#endif
+  (void)device;
 }
 
 #ifndef HEADROOM_WITH_CUDA

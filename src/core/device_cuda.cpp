@@ -2,6 +2,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <cuda_runtime_api.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 
 #include "headroom/core/device.h"
@@ -18,6 +19,8 @@ DeviceMemory cuda_device_memory(int index) {
   m.peak = stats.allocated_bytes[all].peak;
   return m;
 }
+
+void set_cuda_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
 
 CudaStatus query_cuda() {
   CudaStatus s;

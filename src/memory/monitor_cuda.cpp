@@ -1,6 +1,7 @@
 // CUDA side of the memory monitor; compiled only when the Torch found carries CUDA.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
 #include "headroom/core/errors.h"
@@ -49,21 +50,17 @@ class CudaMonitor final : public MemoryMonitor {
     alloc::setMemoryFraction(bytes > 0 ? std::min(1.0, double(bytes) / double(total_)) : 1.0, index_);
   }
   void release_cache() override { alloc::emptyCache(); }
+  // A guard, not cudaSetDevice back and forth: LibTorch 2.x's guard restores the previous device
+  // without opening a context there (GPU 0, on a thread that never chose one).
   void synchronize() override {
-    int current = 0;
-    cudaGetDevice(&current);
-    cudaSetDevice(index_);
+    const c10::cuda::CUDAGuard guard(index_);
     cudaDeviceSynchronize();
-    cudaSetDevice(current);
   }
 
  private:
   void device_info(size_t& free, size_t& total) const {
-    int current = 0;
-    cudaGetDevice(&current);
-    cudaSetDevice(index_);
+    const c10::cuda::CUDAGuard guard(index_);
     const cudaError_t err = cudaMemGetInfo(&free, &total);
-    cudaSetDevice(current);
     if (err != cudaSuccess) throw DeviceError(std::string("cudaMemGetInfo failed: ") + cudaGetErrorString(err));
   }
   c10::DeviceIndex index_;

@@ -43,6 +43,10 @@ DeviceChoice resolve_device(const std::string& spec, const CudaStatus& cuda);
 
 Json cuda_status_json(const CudaStatus& s);
 
+// Makes a CUDA `device` the calling thread's current one (a rank's cuda:LOCAL_RANK): CUDA calls
+// on the current device would otherwise open a context on GPU 0 in every rank. Nothing for the CPU.
+void set_current_device(c10::Device device);
+
 // Memory in use on a device, read without a sync. CUDA: the caching allocator (allocated,
 // reserved, peak allocated); CPU: the process (resident, resident, peak resident).
 struct DeviceMemory {
