@@ -286,6 +286,19 @@ TEST(Distributed, ASplitTooSmallForOneBatchOnEveryRankIsRefused) {
   EXPECT_NE(r.output.find("on each of 2 ranks). Add images, or train on fewer ranks"), std::string::npos) << r.output;
 }
 
+// SyncBatchNorm's exchanges run again inside a recomputed stage's backward, so the ranks must
+// recompute the same stages; auto plans them per rank from its own probes: refused before it probes.
+TEST(Distributed, SyncBatchNormBesideAutomaticRecomputeIsRefused) {
+  const std::string dir = temp_dir("dist-sync-auto");
+  const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=a", "train.steps=1",
+                                                      "memory.activation_checkpointing=auto"}, "yolov8.yaml"));
+  const RunResult r = run_trainer("train --config " + cfg + " --nproc 2");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("every rank must recompute the same ones: set activation_checkpointing to stages or all"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/runs/a"));
+}
+
 // A checkpoint of one process at 12 images into an epoch resumes on 2 ranks, whose global
 // batches are 8: the epoch goes on from image 8, and the log says that 4 images train again.
 TEST(Distributed, AResumeOnMoreRanksRepeatsTheImagesPastTheLastWholeGlobalBatch) {

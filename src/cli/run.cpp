@@ -90,6 +90,14 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
   // Before the prober builds the run's optimizer and the run folder records the config.
   c = train::with_chosen_optimizer(c, int64_t(train_split->samples.size()), int64_t(train_split->names.size()),
                                    o.group ? o.group->world() : 1);
+  // A recomputed stage runs SyncBatchNorm's exchanges again in its backward, so every rank must
+  // recompute the same stages; auto plans them from each rank's own probes (bytes and timings),
+  // which differ between ranks.
+  if (o.group && o.group->world() > 1 && c.distributed.sync_bn && c.memory.activation_checkpointing == "auto")
+    throw InputError(c.where("memory.activation_checkpointing") + ": memory.activation_checkpointing auto plans the recomputed stages "
+                     "on each rank from its own probes, and with distributed.sync_bn (" + c.where("distributed.sync_bn") +
+                     ") every rank must recompute the same ones: set activation_checkpointing to stages or all, or "
+                     "distributed.sync_bn to false");
   std::shared_ptr<memory::RecomputePlanner> planner;
   int64_t micro = 0;  // train.batch auto: the micro-batch the governor starts at
   if (c.train.batch_auto) {
