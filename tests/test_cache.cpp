@@ -93,6 +93,28 @@ TEST(Cache, ADiskShardIsReusedUntilTheDataChanges) {
   EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
 }
 
+// An image that cannot be read while the shard is built (moved away for a moment, a network file
+// system's hiccup) is not remembered as bad: that shard is not kept, and the next build, with the
+// image back, holds it decoded. One that fails to decode is remembered.
+TEST(Cache, AnImageUnreadableForAMomentIsNotRememberedAsBad) {
+  const std::string yaml = test::copy_of_small_synth("cache-unreadable");
+  const auto split = scan_train(yaml);
+  CacheOptions o;
+  o.mode = CacheMode::disk;
+  o.canvas = 64;
+  o.shard_path = default_shard_path(split->source, 64);
+  const std::string image = split->samples[2].image;
+  fs::rename(image, image + ".away");
+  EXPECT_EQ(DecodedCache::open(*split, o), nullptr);
+  EXPECT_FALSE(fs::exists(o.shard_path));
+  fs::rename(image + ".away", image);
+  const auto back = DecodedCache::open(*split, o);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->rebuilt());
+  EXPECT_TRUE(back->decoded(2));
+  EXPECT_FALSE(DecodedCache::open(*split, o)->rebuilt());
+}
+
 TEST(Cache, ADamagedShardIsRebuiltNotUsed) {
   const std::string yaml = test::copy_of_small_synth("cache-damaged");
   const auto split = scan_train(yaml);

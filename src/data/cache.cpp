@@ -125,6 +125,7 @@ void DecodedCache::decode_all(const Split& split, const CacheOptions& o,
       decode_into_canvas(split.samples[size_t(i)], geometry_[size_t(i)], o.max_pixels, slot.data(), o.preprocess);
     } catch (const ImageError& e) {
       spdlog::warn("{} (not cached; the loader will skip it)", e.what());
+      if (dynamic_cast<const UnreadableImage*>(&e)) ++unreadable_;
       decoded_[size_t(i)] = 0;
       std::memset(slot.data(), kPadValue, slot_bytes_);
     }
@@ -292,6 +293,15 @@ bool DecodedCache::write_shard(const std::string& path, const Split& split, cons
     put(entries.data(), entries.size() * sizeof(ShardEntry), h.index_offset);
     put(boxes.data(), boxes.size() * sizeof(ShardBox), h.boxes_offset);
     put(&h, sizeof h, 0);  // the header last: a crash before this leaves no valid shard
+    // A shard remembers a failed image until the data changes: one that could not be read now
+    // (not one that failed to decode) would be skipped by every later run.
+    if (unreadable_ > 0) {
+      spdlog::warn("data.cache=disk: not keeping {}: {} image{} could not be read while it was built; reading images directly "
+                   "this run, the next one builds it again", path, unreadable_.load(), unreadable_ == 1 ? "" : "s");
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return false;
+    }
   }
   ok = ok && ::fsync(fd) == 0;
   // Mapped before the rename: another process renaming its own shard onto `path` meanwhile

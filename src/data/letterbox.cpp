@@ -77,7 +77,7 @@ void decode_into_canvas(const Sample& s, const Letterbox& g, int64_t max_pixels,
   try {
     bytes = read_image_bytes(s);
   } catch (const InputError& e) {  // the scan read it: it was removed, changed or made unreadable since
-    throw ImageError((s.record >= 0 ? first_line(e.what()) : s.image + ": cannot be read any more") +
+    throw UnreadableImage((s.record >= 0 ? first_line(e.what()) : s.image + ": cannot be read any more") +
                      " (removed, changed or made unreadable after the data set was scanned)");
   }
   try {

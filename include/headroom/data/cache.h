@@ -3,6 +3,7 @@
 // the canvas; a stale or damaged shard is rebuilt, never used.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,7 @@ class DecodedCache {
   std::vector<Letterbox> geometry_;
   std::vector<ItemBoxes> boxes_;
   std::vector<uint8_t> decoded_;
+  std::atomic<int64_t> unreadable_{0};  // images decode_all could not read (UnreadableImage)
   bool rebuilt_ = false;
 };
 

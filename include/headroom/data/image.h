@@ -16,6 +16,13 @@ class ImageError : public InputError {
   using InputError::InputError;
 };
 
+// An image the scan read that cannot be read now (removed, changed or made unreadable since, a
+// network file system's hiccup): not a fact about the image to remember, as a decode failure is.
+class UnreadableImage : public ImageError {
+ public:
+  using ImageError::ImageError;
+};
+
 enum class ImageFormat { jpeg, png };
 
 struct ImageHeader {
