@@ -122,6 +122,49 @@ TEST(Assigner, KnownLayouts) {
   EXPECT_NEAR(a.target_scores[0][0][0].item<float>(), ciou(pd[0][0], gt[0][0]).item<float>(), 1e-5);
 }
 
+// Ultralytics 8.4's small-object rule: a side under the finest stride (8) becomes the middle
+// stride (16) about the centre; a 12 px side stays 12 (widening it to 16 gave 4 more stride-8
+// anchors and a stride-16 one, all outside the box).
+TEST(Assigner, OnlySidesUnderTheFinestStrideAreWidened) {
+  std::vector<float> xy;
+  for (int64_t s : {8, 16, 32})
+    for (int64_t y = 0; y < 128 / s; ++y)
+      for (int64_t x = 0; x < 128 / s; ++x) xy.insert(xy.end(), {float(x * s + s / 2), float(y * s + s / 2)});
+  const int64_t A = int64_t(xy.size()) / 2;
+  const at::Tensor anchors = floats(xy).view({A, 2});
+  AssignerOptions o;
+  o.small_side = 8, o.min_candidate_size = 16;
+  // The anchors one box is assigned; every prediction is that box, so each candidate aligns.
+  const auto assigned = [&](std::vector<float> box) {
+    const at::Tensor gt = floats(box).view({1, 1, 4});
+    const at::Tensor pd = gt.expand({1, A, 4}).contiguous();
+    const Assignment a = task_aligned_assign(at::full({1, A, 1}, 0.5), pd, anchors, longs({0}).view({1, 1}), gt,
+                                             at::ones({1, 1}, at::kBool), o);
+    std::vector<std::pair<float, float>> at;
+    for (int64_t i = 0; i < A; ++i)
+      if (a.fg_mask[0][i].item<bool>()) at.emplace_back(xy[size_t(2 * i)], xy[size_t(2 * i + 1)]);
+    return at;
+  };
+  // 12 x 12 about (98, 98): only the stride-8 anchor (100, 100) lies strictly inside.
+  EXPECT_EQ(assigned({92.f, 92, 104, 104}), (std::vector<std::pair<float, float>>{{100.f, 100.f}}));
+  // 5 x 5 about (30, 30), taken as 16 x 16, (22, 38): four stride-8 anchors and the stride-16 one (24, 24).
+  EXPECT_EQ(assigned({27.5f, 27.5, 32.5, 32.5}),
+            (std::vector<std::pair<float, float>>{{28.f, 28.f}, {36.f, 28.f}, {28.f, 36.f}, {36.f, 36.f}, {24.f, 24.f}}));
+}
+
+// An anchor two boxes claim, overlapping neither (early in training), goes to one of them, not to
+// row 0 when that row is masked (a crowd box), whose class it would then learn.
+TEST(Assigner, ATieGoesToAClaimingBoxNotToAMaskedRow) {
+  const at::Tensor anchors = floats({50.f, 50}).view({1, 2});
+  const at::Tensor pd = floats({200.f, 200, 210, 210}).view({1, 1, 4});  // overlaps no box
+  const at::Tensor gt = floats({0.f, 0, 100, 100, 40, 40, 60, 60, 45, 45, 70, 70}).view({1, 3, 4});
+  const at::Tensor labels = longs({2, 0, 1}).view({1, 3}), mask = at::tensor(std::vector<uint8_t>{0, 1, 1}).to(at::kBool).view({1, 3});
+  const Assignment a = task_aligned_assign(at::full({1, 1, 3}, 0.5), pd, anchors, labels, gt, mask);
+  ASSERT_TRUE(a.fg_mask[0][0].item<bool>());
+  EXPECT_EQ(a.target_gt_idx[0][0].item<int64_t>(), 1);
+  EXPECT_EQ(a.target_scores[0][0][2].item<float>(), 0.0f);  // nothing of the crowd box's class
+}
+
 TEST(Assigner, ThousandsOfBoxesInBoundedMemory) {
   auto& alloc = memory::CachingCpuAllocator::install();
   const int64_t B = 1, A = 8400, C = 2, N = 3000;  // a 640-px image crowded with boxes

@@ -60,9 +60,10 @@ Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd
     const at::Tensor gb = gt_bboxes.narrow(1, g0, k);                       // [B, k, 4]
     const at::Tensor gl = gt_labels.narrow(1, g0, k).clamp_min(0);          // [B, k]
     const at::Tensor gm = gt_mask.narrow(1, g0, k);                         // [B, k]
-    // Candidate region: the box, each side at least min_candidate_size about its centre.
+    // Candidate region: the box, a side under small_side made min_candidate_size about its centre.
     const at::Tensor centre = (gb.narrow(2, 0, 2) + gb.narrow(2, 2, 2)) / 2;
-    const at::Tensor half = ((gb.narrow(2, 2, 2) - gb.narrow(2, 0, 2)) / 2).clamp_min(o.min_candidate_size / 2);
+    const at::Tensor side = gb.narrow(2, 2, 2) - gb.narrow(2, 0, 2);
+    const at::Tensor half = at::where(side.lt(o.small_side), at::full({}, o.min_candidate_size / 2, fopt), side / 2);
     const at::Tensor lt = (centre - half).unsqueeze(2), rb = (centre + half).unsqueeze(2);
     const at::Tensor inside = at::cat({xy - lt, rb - xy}, -1).amin(-1).gt(o.eps);  // [B, k, A]
     const at::Tensor valid = inside.logical_and(gm.unsqueeze(-1));
@@ -75,7 +76,9 @@ Assignment task_aligned_assign(const at::Tensor& pd_scores, const at::Tensor& pd
     const at::Tensor positive = at::zeros({B, k, A}, fopt.dtype(at::kBool)).scatter_(-1, top, true).logical_and(valid);
 
     fg_count += positive.sum(1);
-    const auto [chunk_best, chunk_arg] = overlap.max(1);                    // [B, A]
+    // Among the boxes the anchor is a candidate of: with every overlap 0 (early in training), a
+    // masked row (a crowd box, padding) would otherwise win the tie as row 0.
+    const auto [chunk_best, chunk_arg] = at::where(valid, overlap, at::full({}, -1.0, fopt)).max(1);  // [B, A]
     const at::Tensor better = chunk_best.gt(best_overlap);
     best_overlap = at::where(better, chunk_best, best_overlap);
     best_idx = at::where(better, chunk_arg + g0, best_idx);

@@ -23,6 +23,7 @@ class Yolov8Loss : public DetectionLoss {
     assigner_.alpha = o.tal_alpha();
     assigner_.beta = o.tal_beta();
     assigner_.chunk_elements = o.assigner_chunk();
+    assigner_.small_side = double(info.strides[0]);
     assigner_.min_candidate_size = double(info.strides.size() > 1 ? info.strides[1] : info.strides[0]);
   }
 

@@ -1,7 +1,7 @@
 // YOLOv8's task-aligned assigner (Feng et al. 2021, TOOD; Ultralytics' TaskAlignedAssigner):
 // an anchor whose centre lies in a ground-truth box is a candidate (a box side shorter than
-// `min_candidate_size` is widened to it about the centre, as Ultralytics 8.4 does, so that tiny
-// objects still get anchors); alignment =
+// `small_side`, the finest stride, becomes `min_candidate_size` about the centre, as Ultralytics
+// 8.4 does, so that tiny objects still get anchors; longer sides stay); alignment =
 // score^alpha * CIoU^beta; each box takes its top-k candidates; an anchor claimed by several
 // boxes goes to the one it overlaps most; with topk2 < topk each box then keeps only its topk2
 // best-aligned anchors (YOLO26's one-to-one branch: topk 7, topk2 1). Ground truth is processed in chunks so that an image
@@ -26,7 +26,8 @@ struct AssignerOptions {
   double beta = 6.0;
   double eps = 1e-9;
   int64_t chunk_elements = 1 << 23;  // B x gts x anchors per pass
-  double min_candidate_size = 0;     // pixels; Ultralytics uses the middle stride (16)
+  double small_side = 0;             // pixels; Ultralytics: the finest stride (8)
+  double min_candidate_size = 0;     // pixels: what a side under small_side becomes; Ultralytics: the middle stride (16)
 };
 
 // pd_scores [B, A, nc] probabilities, pd_bboxes [B, A, 4] xyxy, anchors [A, 2] (x, y), all in
