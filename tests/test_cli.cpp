@@ -219,6 +219,35 @@ TEST(Cli, ASecondTrainerInARunFolderIsRefusedAndChangesNothing) {
   for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(test::read_bytes(files[i]), before[i]) << files[i];
 }
 
+// val scores the model's class k as the split's class k: the same names in another order would
+// score each class as another, and are refused; other names are said, as weights from elsewhere.
+TEST(Cli, ValRefusesTheModelsClassesInAnotherOrder) {
+  const std::string dir = test::temp_dir("cli-val-classes");
+  const std::string cfg = tiny_run_config(dir);
+  test::RunResult r = test::run_trainer("train --config " + cfg + " train.steps=1 train.val_every=0 project=" + dir + "/runs name=a" +
+                                        tiny_model_args());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string weights = dir + "/runs/a/weights/last.pt";
+  const std::string data = test::copy_of_small_synth("cli-val-classes-data");
+  std::string yaml = test::read_bytes(data);
+  const auto rename = [&](const std::string& from, const std::string& to) { yaml.replace(yaml.find(from), from.size(), to); };
+  rename("0: circle", "0: @");
+  rename("1: square", "1: circle");
+  rename("0: @", "0: square");
+  test::write_bytes(data, yaml);
+  r = test::run_trainer("val --weights " + weights + " data.dataset=" + data + " data.imgsz=64 device=cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the model's classes are [circle, square, triangle, cross], split 'val'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lists the same ones as [square, circle, triangle, cross]: each class would be scored as another"),
+            std::string::npos) << r.output;
+  rename("0: square", "0: disc");
+  test::write_bytes(data, yaml);
+  r = test::run_trainer("val --weights " + weights + " data.dataset=" + data + " data.imgsz=64 device=cpu --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the model names its classes [circle, square, triangle, cross], split 'val' [disc, circle, triangle, cross]"),
+            std::string::npos) << r.output;
+}
+
 namespace {
 std::string interop_fixture(const std::string& name) { return std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/" + name; }
 }  // namespace

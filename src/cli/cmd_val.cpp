@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -12,6 +13,31 @@
 #include "headroom/interop/weights_import.h"
 
 namespace headroom::cli {
+
+namespace {
+
+std::string name_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t k = 0; k < names.size() && k < 12; ++k) out += (k ? ", " : "") + names[k];
+  return "[" + out + (names.size() > 12 ? ", ..." : "") + "]";
+}
+
+// The model's class k is scored as the split's class k. The same names in another order would
+// score each class as another: refused. Other names (weights trained elsewhere) are said once.
+void check_classes(const std::string& weights, const std::vector<std::string>& model, const data::Split& split) {
+  if (model.empty() || model == split.names) return;
+  std::vector<std::string> a = model, b = split.names;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  if (a == b)
+    throw InputError(weights + ": the model's classes are " + name_list(model) + ", split '" + split.name + "' (" + split.source.where +
+                     ") lists the same ones as " + name_list(split.names) + ": each class would be scored as another. List "
+                     "the data set's names in the model's order");
+  spdlog::warn("{}: the model names its classes {}, split '{}' {}: the model's class k is scored as the split's class k",
+               weights, name_list(model), split.name, name_list(split.names));
+}
+
+}  // namespace
 
 void add_val_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("val", "COCO mAP of a model on the val split, or of a results JSON against a ground-truth JSON");
@@ -53,6 +79,7 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (split->names.size() != size_t(w.model->info().nc))
       throw InputError(weights + ": the model has " + std::to_string(w.model->info().nc) + " classes but " + c.data.dataset +
                        " has " + std::to_string(split->names.size()) + "; validate on the data set it was trained for");
+    check_classes(weights, w.info.names, *split);
     const eval::ValidationResult r = eval::validate(
         *w.model, split, eval::validate_options(c, *split, w.model->info(), device, eval::input_preprocess(c, w.info.framework)));
     eval::check_some_decoded(r, *split);
