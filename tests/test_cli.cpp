@@ -328,6 +328,21 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/drawn/img.jpg") && fs::exists(dir + "/drawn/img_2.jpg")) << r.output;
   EXPECT_EQ(test::read_bytes(dir + "/same/s1/img.jpg"), original);
+  // A folder inside a folder source: the next run would read the drawn images as input.
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same --save-dir " + dir + "/same/s1/pred device=cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is inside --source " + dir + "/same, which is read with its subfolders"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/same/s1/pred"));
+  // A list naming an image inside the output folder: it is read, not written over.
+  fs::copy_file(one, dir + "/drawn/listed.jpg");
+  const std::string listed = test::read_bytes(dir + "/drawn/listed.jpg");
+  test::write_bytes(dir + "/list.txt", dir + "/drawn/listed.jpg\n" + dir + "/same/s1/img.jpg\n");
+  fs::copy_file(one, dir + "/same/s1/listed.jpg");
+  test::write_bytes(dir + "/list.txt", test::read_bytes(dir + "/list.txt") + dir + "/same/s1/listed.jpg\n");
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/list.txt --save-dir " + dir + "/drawn device=cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/drawn/listed.jpg"), listed);  // s1/listed.jpg drawn as listed_2.jpg, not over it
+  EXPECT_TRUE(fs::exists(dir + "/drawn/listed_2.jpg") && fs::exists(dir + "/drawn/listed_3.jpg")) << r.output;
   r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/no-such.jpg device=cpu");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(dir + "/no-such.jpg does not exist"), std::string::npos) << r.output;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -41,16 +42,18 @@ std::shared_ptr<const data::Split> source_split(const Config& c, const std::stri
 // One image's detections ([N, 6] rows: x1 y1 x2 y2 score class, original pixels) drawn into a
 // JPEG in out_dir, and as an entry of predictions.json.
 // `used`: the names written so far. Images of one name (a.jpg and a.png, s1/a.jpg and s2/a.jpg)
-// get a suffix rather than one replacing the other, and no source image is written over.
+// get a suffix rather than one replacing the other, and no source image (`sources`, canonical:
+// a .txt list may name images in the output folder) is written over.
 Json write_prediction(const Config& c, const data::Sample& s, const std::vector<std::array<float, 6>>& rows,
-                      const std::vector<std::string>& names, const std::string& out_dir, std::set<std::string>& used) {
+                      const std::vector<std::string>& names, const std::string& out_dir, std::set<std::string>& used,
+                      const std::set<std::string>& sources) {
   const std::string bytes = read_file(s.image);
   data::Image img = data::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), c.data.max_pixels);
   eval::draw_detections(img, rows, names);
   const std::string stem = fs::path(s.image).stem().string();
   std::string out;
   std::error_code ec;
-  for (int n = 1; out.empty() || used.count(out) || fs::equivalent(out, s.image, ec); ++n)
+  for (int n = 1; out.empty() || used.count(out) || sources.count(fs::weakly_canonical(out, ec).string()); ++n)
     out = (fs::path(out_dir) / (n == 1 ? stem + ".jpg" : stem + "_" + std::to_string(n) + ".jpg")).string();
   used.insert(out);
   const auto jpeg = data::encode_jpeg(img, 95);
@@ -87,10 +90,16 @@ void add_predict_command(CLI::App& app, int& exit_code) {
       std::error_code ec;
       if (fs::exists(save_dir, ec) && !fs::is_directory(save_dir, ec))
         throw InputError("--save-dir " + save_dir + " is a file; give a folder");
-      const fs::path source_dir = fs::is_directory(source, ec) ? fs::path(source) : fs::path(source).parent_path();
+      const bool folder = fs::is_directory(source, ec);
+      const fs::path source_dir = folder ? fs::path(source) : fs::path(source).parent_path();
       if (fs::equivalent(save_dir, source_dir.empty() ? fs::path(".") : source_dir, ec))
         throw InputError("--save-dir " + save_dir + " is the folder of --source " + source +
                          ": the drawn images would sit among your images; give another folder");
+      // A folder source is read with its subfolders: a later run would take the drawn images in.
+      const fs::path src = fs::weakly_canonical(source_dir, ec), dst = fs::weakly_canonical(save_dir, ec);
+      if (folder && std::mismatch(src.begin(), src.end(), dst.begin(), dst.end()).first == src.end())
+        throw InputError("--save-dir " + save_dir + " is inside --source " + source + ", which is read with its subfolders: a "
+                         "later run would take the drawn images for input; give a folder outside it");
     }
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);
@@ -108,7 +117,11 @@ void add_predict_command(CLI::App& app, int& exit_code) {
     data::Loader loader(split, data::loader_options(c, *split, /*training=*/false, device.is_cuda(), eval::input_preprocess(c, w.info.framework)));
     const eval::DecodeOptions d = eval::decode_options(c, conf);
     Json results = Json::array();
-    std::set<std::string> drawn;
+    std::set<std::string> drawn, sources;
+    for (const auto& sample : split->samples) {
+      std::error_code ec;
+      sources.insert(fs::weakly_canonical(sample.image, ec).string());
+    }
     int64_t detections = 0, left_out = 0;
     at::NoGradGuard no_grad;
     loader.start(0);
@@ -119,7 +132,7 @@ void add_predict_command(CLI::App& app, int& exit_code) {
           ++left_out;
           continue;
         }
-        results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir, drawn));
+        results.push_back(write_prediction(c, split->samples[size_t(batch->meta[b].index)], rows[b], names, out_dir, drawn, sources));
         detections += int64_t(rows[b].size());
       }
     }
