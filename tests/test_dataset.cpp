@@ -79,6 +79,16 @@ TEST(Dataset, YoloAndCocoViewsOfTheSameSetAgree) {
   }
 }
 
+// Names in the data YAML take their category ids from the COCO file: a name it lacks has none.
+TEST(Dataset, ACocoSplitWithoutACategoryForANameIsRefused) {
+  const fs::path dir = fs::path(test::copy_of_small_synth("coco-missing-category")).parent_path();
+  test::write_bytes((dir / "more.yaml").string(), test::read_bytes((dir / "data_coco.yaml").string()) +
+                                                      "names: [circle, square, triangle, cross, star]\n");
+  const std::string e = test::input_error_of([&] { scan((dir / "more.yaml").string(), "train"); });
+  EXPECT_NE(e.find("instances_train.json: the data YAML's names list 'star' (class 4), which this file has no category for"),
+            std::string::npos) << e;
+}
+
 TEST(Dataset, EveryBadFileIsSkippedAndNamed) {
   const std::string yaml = test::copy_of_small_synth("bad");
   const fs::path root = fs::path(yaml).parent_path();

@@ -60,6 +60,13 @@ std::unordered_map<int, int> map_categories(const Json& categories, const std::v
       class_of[id] = cls;
       out.category_ids[static_cast<size_t>(cls)] = id;
     }
+    // Validation writes each class's detections under its category id: a class without one
+    // would be written as -1, and scored as one class with every other such class.
+    for (size_t k = 0; k < names.size(); ++k)
+      if (out.category_ids[k] < 0)
+        throw InputError(json_path + ": the data YAML's names list '" + names[k] + "' (class " + std::to_string(k) +
+                         "), which this file has no category for; add it to the file's categories with its id, or take it "
+                         "out of names");
   }
   return class_of;
 }
