@@ -382,10 +382,29 @@ TEST(CenterNet, LossAveragesStacksAndUsesTheTfWeights) {
   EXPECT_NEAR(item(one, "size"), 0, 1e-6);
   EXPECT_NEAR(item(one, "offset"), 0, 1e-6);
   EXPECT_NEAR(item(one, "heatmap"), item(two, "heatmap"), 1e-6);
-  // The second stack's sizes are all off by 1: L1 = 1 per coordinate, averaged with the perfect stack, x 0.1.
-  EXPECT_NEAR(item(two, "size"), 0.1 * 0.5 * 1.0, 1e-4);
+  // The second stack's sizes are all off by 1: L1 = 2 for the box's two coordinates (TF sums them per
+  // box), averaged with the perfect stack, x 0.1.
+  EXPECT_NEAR(item(two, "size"), 0.1 * 0.5 * 2.0, 1e-6);
   const CenterNetTargets ct = centernet_targets(boxes, t.classes, t.mask, 3, 32, 32, 4, 0.7);
   EXPECT_NEAR(item(one, "heatmap"), 2.0 * centernet_focal_loss(heat, ct.heatmap).item<double>(), 1e-6);
+}
+
+// TF divides every term by the objects: two boxes of one class on one centre make one peak and
+// count twice (xingyizhou's CenterNet divides its heatmap by the peaks).
+TEST(CenterNet, EveryTermIsOverTheObjectsAsTfNormalises) {
+  models::DetectorInfo info;
+  info.family = "centernet";
+  info.nc = 3;
+  info.strides = {4};
+  const at::Tensor boxes = floats({30.f, 18, 70, 42, 30, 18, 70, 42}).view({1, 2, 4});
+  Targets t{boxes, longs({1, 1}).view({1, 2}), at::ones({1, 2}, at::kBool)};
+  const at::Tensor heat = at::zeros({1, 3, 32, 32}), size = at::ones({1, 2, 32, 32}), off = at::zeros({1, 2, 32, 32});
+  const BatchLoss l = batch_loss(*make_loss(info, LossOptions()), {{"heatmap", {heat}}, {"size", {size}}, {"offset", {off}}}, t, 128, 128);
+  const CenterNetTargets ct = centernet_targets(boxes, t.classes, t.mask, 3, 32, 32, 4, 0.7);
+  ASSERT_EQ(ct.heatmap.eq(1).sum().item<int64_t>(), 1);
+  EXPECT_NEAR(item(l, "heatmap"), centernet_focal_loss(heat, ct.heatmap).item<double>() / 2, 1e-6);
+  // Sizes 10 x 6 predicted 1 x 1: (9 + 5) per box, both boxes, over 2 objects, x 0.1.
+  EXPECT_NEAR(item(l, "size"), 0.1 * (9 + 5), 1e-5);
 }
 
 // loss.assigner_chunk bounds the heatmap's drawing too: 2,000 centres on a 128 x 128 output drawn

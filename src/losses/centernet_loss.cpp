@@ -85,15 +85,15 @@ class CenterNetLoss : public DetectionLoss {
 
   std::vector<std::string> term_names() const override { return {"heatmap", "size", "offset"}; }
 
-  // The heatmap's centres (the focal loss's normaliser) and the objects (the L1 terms'), as TF
-  // and the reference normalise: means over the step, not over each part.
+  // The objects: TF's normaliser of all three terms (the focal sum, and each L1 sum over a box's
+  // two coordinates), over the step, not over each part. xingyizhou's CenterNet divides the
+  // heatmap by its peaks and the L1 terms by 2 x objects: its wh_weight 0.1 is 0.05 here.
   at::Tensor counts(const Targets& t, int64_t height, int64_t width) const override {
     const int64_t stride = info_.strides[0];
-    const CenterNetTargets ct = targets(t, height / stride, width / stride);
-    return at::stack({ct.heatmap.eq(1).sum(), ct.mask.sum()}).to(at::kFloat);
+    return targets(t, height / stride, width / stride).mask.sum().to(at::kFloat).view({1});
   }
 
-  int64_t count_terms() const override { return 2; }
+  int64_t count_terms() const override { return 1; }
 
   LossTerms operator()(const models::HeadOutputs& outputs, const Targets& t, const StepNorm& step) override {
     const auto& heat = outputs.at("heatmap");
@@ -107,11 +107,11 @@ class CenterNetLoss : public DetectionLoss {
       ls = ls + centre_l1_sum(size[s], ct.index, ct.size, ct.mask);
       lo = lo + centre_l1_sum(off[s], ct.index, ct.offset, ct.mask);
     }
-    const at::Tensor centres = step.counts[0].clamp_min(1), l1 = step.counts[1] * 2.0 + 1e-4;  // 2 channels per object
+    const at::Tensor objects = step.counts[0].clamp_min(1);  // TF: at least 1
     const double stacks = double(heat.size());
-    lh = lh / centres / stacks * o_.heatmap_weight();
-    ls = ls / l1 / stacks * o_.size_weight();
-    lo = lo / l1 / stacks * o_.offset_weight();
+    lh = lh / objects / stacks * o_.heatmap_weight();
+    ls = ls / objects / stacks * o_.size_weight();
+    lo = lo / objects / stacks * o_.offset_weight();
     LossTerms out;
     out.total = lh + ls + lo;
     out.items = at::stack({lh, ls, lo}).detach();
