@@ -124,10 +124,31 @@ TEST(CocoLabels, MapsCategoriesInIdOrderAndNormalisesBoxes) {
 TEST(CocoLabels, NamesFromTheYamlMapByName) {
   const std::string path = write_coco(std::string(kCocoHead) +
                                       R"({"id": 1, "image_id": 1, "category_id": 7, "bbox": [10, 5, 20, 10]}]})");
-  const CocoData d = read_coco(path, "/imgs", {"dog", "cat", "bird"});
+  const CocoData d = read_coco(path, "/imgs", {"dog", "cat"});
   EXPECT_EQ(d.samples[0].boxes[0].cls, 0);
-  EXPECT_EQ(d.category_ids, (std::vector<int>{7, 3, -1}));
-  EXPECT_THROW(read_coco(path, "/imgs", {"dog"}), InputError);
+  EXPECT_EQ(d.category_ids, (std::vector<int>{7, 3}));
+  EXPECT_THROW(read_coco(path, "/imgs", {"dog"}), InputError);  // cat has no class
+  // A name without a category would have no id for its detections.
+  const std::string bird = test::input_error_of([&] { read_coco(path, "/imgs", {"dog", "cat", "bird"}); });
+  EXPECT_NE(bird.find("names list 'bird' (class 2), which this file has no category for"), std::string::npos) << bird;
+}
+
+// iscrowd as pycocotools reads it (true counts), and an annotation listed twice is one box, as
+// YOLO and TFRecord labels drop duplicates.
+TEST(CocoLabels, CrowdAsPycocotoolsAndDuplicatesDropped) {
+  const std::string path = write_coco(std::string(kCocoHead) +
+                                      R"({"id": 1, "image_id": 1, "category_id": 7, "bbox": [10, 5, 20, 10], "iscrowd": true},
+  {"id": 2, "image_id": 2, "category_id": 3, "bbox": [10, 5, 20, 10]},
+  {"id": 3, "image_id": 2, "category_id": 3, "bbox": [10, 5, 20, 10]}]})");
+  const CocoData d = read_coco(path, "/imgs", {});
+  ASSERT_EQ(d.samples.size(), 2u);
+  ASSERT_EQ(d.samples[0].boxes.size(), 1u);
+  EXPECT_TRUE(d.samples[0].boxes[0].crowd);
+  EXPECT_EQ(d.samples[1].boxes.size(), 1u);
+  ASSERT_EQ(d.problems.size(), 1u);
+  EXPECT_EQ(d.problems[0].kind, ProblemKind::duplicate_box);
+  EXPECT_TRUE(coco_crowd(Json::parse(R"({"iscrowd": 1})", "x")));
+  EXPECT_FALSE(coco_crowd(Json::parse(R"({"iscrowd": false})", "x")));
 }
 
 // Two categories with one id would make two classes of one (or one box of either): refused,

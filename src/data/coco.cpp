@@ -149,18 +149,26 @@ void read_annotation(const Json& a, const std::string& json_path, const std::uno
   b.x2 = static_cast<float>(std::clamp((x + bw) / W, 0.0, 1.0));
   b.y2 = static_cast<float>(std::clamp((y + bh) / H, 0.0, 1.0));
   b.cls = cls->second;
-  const Json* crowd = a.find("iscrowd");
-  b.crowd = crowd && crowd->is_number() && crowd->as_number() != 0;
+  b.crowd = coco_crowd(a);
   const Json* area = a.find("area");
   b.area = area && area->is_number() ? static_cast<float>(area->as_number()) : 0.f;
   if (b.x2 <= b.x1 || b.y2 <= b.y1) {
     out.problems.push_back({ProblemKind::zero_area_box, where, "zero-area box dropped", false});
     return;
   }
+  if (std::find(s.boxes.begin(), s.boxes.end(), b) != s.boxes.end()) {  // as YOLO and TFRecord labels
+    out.problems.push_back({ProblemKind::duplicate_box, where, "duplicate box dropped", false});
+    return;
+  }
   s.boxes.push_back(b);
 }
 
 }  // namespace
+
+bool coco_crowd(const Json& annotation) {
+  const Json* crowd = annotation.find("iscrowd");
+  return crowd && ((crowd->is_number() && crowd->as_number() != 0) || (crowd->is_bool() && crowd->as_bool()));
+}
 
 CocoData read_coco(const std::string& json_path, const std::string& image_dir,
                    const std::vector<std::string>& names) {

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "headroom/core/errors.h"
+#include "headroom/data/labels.h"
 
 namespace headroom::eval {
 
@@ -273,8 +274,7 @@ CocoGroundTruth read_coco_ground_truth(const std::string& path) {
       CocoBox b = box_of(a, where);
       const Json* area = a.find("area");
       b.area = area && area->is_number() ? area->as_number() : b.w * b.h;
-      const Json* crowd = a.find("iscrowd");
-      b.crowd = crowd && crowd->is_number() && crowd->as_number() != 0;
+      b.crowd = data::coco_crowd(a);
       gt.boxes.push_back(b);
     }
   return gt;

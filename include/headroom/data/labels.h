@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "headroom/core/json.h"
 #include "headroom/data/dataset.h"
 
 namespace headroom::data {
@@ -35,8 +36,12 @@ struct CocoData {
   int64_t listed_images = 0;         // entries in "images", usable or not
 };
 
+// An annotation's iscrowd as pycocotools reads it: a number other than 0, or true.
+bool coco_crowd(const Json& annotation);
+
 // Reads an instances JSON. Categories map to contiguous classes in id order; when `names`
-// (from the data YAML) is given, by name instead, and every category must be one of them.
+// (from the data YAML) is given, by name instead: every category must be one of them, and every
+// name a category. Zero-area and duplicate boxes are dropped with a problem each.
 CocoData read_coco(const std::string& json_path, const std::string& image_dir,
                    const std::vector<std::string>& names);
 
