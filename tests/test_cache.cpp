@@ -25,6 +25,15 @@ std::shared_ptr<const Split> scan_train(const std::string& yaml) {
   return std::make_shared<const Split>(scan_split(read_data_yaml(yaml), "train", o));
 }
 
+// A disk shard of the split at a 64 px canvas, beside its images.
+CacheOptions disk_at_64(const Split& split) {
+  CacheOptions o;
+  o.mode = CacheMode::disk;
+  o.canvas = 64;
+  o.shard_path = default_shard_path(split.source, 64);
+  return o;
+}
+
 std::vector<HostBatch> one_epoch(const std::shared_ptr<const Split>& split, LoaderOptions o) {
   Loader l(split, o);
   l.start(0);
@@ -95,14 +104,10 @@ TEST(Cache, ADiskShardIsReusedUntilTheDataChanges) {
 
 // An image that cannot be read while the shard is built (moved away for a moment, a network file
 // system's hiccup) is not remembered as bad: that shard is not kept, and the next build, with the
-// image back, holds it decoded. One that fails to decode is remembered.
+// image back, holds it decoded.
 TEST(Cache, AnImageUnreadableForAMomentIsNotRememberedAsBad) {
-  const std::string yaml = test::copy_of_small_synth("cache-unreadable");
-  const auto split = scan_train(yaml);
-  CacheOptions o;
-  o.mode = CacheMode::disk;
-  o.canvas = 64;
-  o.shard_path = default_shard_path(split->source, 64);
+  const auto split = scan_train(test::copy_of_small_synth("cache-unreadable"));
+  const CacheOptions o = disk_at_64(*split);
   const std::string image = split->samples[2].image;
   fs::rename(image, image + ".away");
   EXPECT_EQ(DecodedCache::open(*split, o), nullptr);
@@ -116,12 +121,8 @@ TEST(Cache, AnImageUnreadableForAMomentIsNotRememberedAsBad) {
 }
 
 TEST(Cache, ADamagedShardIsRebuiltNotUsed) {
-  const std::string yaml = test::copy_of_small_synth("cache-damaged");
-  const auto split = scan_train(yaml);
-  CacheOptions o;
-  o.mode = CacheMode::disk;
-  o.canvas = 64;
-  o.shard_path = default_shard_path(split->source, 64);
+  const auto split = scan_train(test::copy_of_small_synth("cache-damaged"));
+  const CacheOptions o = disk_at_64(*split);
   DecodedCache::open(*split, o);
   const std::string bytes = test::read_bytes(o.shard_path);
   test::write_bytes(o.shard_path, bytes.substr(0, bytes.size() - 100));  // truncated
