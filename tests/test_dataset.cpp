@@ -89,6 +89,16 @@ TEST(Dataset, ACocoSplitWithoutACategoryForANameIsRefused) {
             std::string::npos) << e;
 }
 
+// nc beside a COCO file and no names: held to the file's categories.
+TEST(Dataset, NcIsHeldToTheCocoCategories) {
+  const fs::path dir = fs::path(test::copy_of_small_synth("coco-nc")).parent_path();
+  test::write_bytes((dir / "seven.yaml").string(), test::read_bytes((dir / "data_coco.yaml").string()) + "nc: 7\n");
+  const std::string e = test::input_error_of([&] { scan((dir / "seven.yaml").string(), "train"); });
+  EXPECT_NE(e.find("seven.yaml:5:5: nc is 7 but split 'train' has 4 classes ("), std::string::npos) << e;
+  test::write_bytes((dir / "four.yaml").string(), test::read_bytes((dir / "data_coco.yaml").string()) + "nc: 4\n");
+  EXPECT_EQ(scan((dir / "four.yaml").string(), "train").names.size(), 4u);
+}
+
 TEST(Dataset, EveryBadFileIsSkippedAndNamed) {
   const std::string yaml = test::copy_of_small_synth("bad");
   const fs::path root = fs::path(yaml).parent_path();

@@ -200,6 +200,8 @@ DataSpec read_data_yaml(const std::string& path) {
     if (!spec.names.empty() && *v != static_cast<int64_t>(spec.names.size()))
       throw InputError(at(path, nc) + ": nc is " + std::to_string(*v) + " but names lists " +
                        std::to_string(spec.names.size()) + " classes; make them agree (or drop nc)");
+    spec.nc = *v;
+    spec.nc_where = at(path, nc);
   }
   for (const auto& [name, s] : spec.splits)
     if (s.format == SplitSource::Format::yolo && spec.names.empty())
@@ -463,6 +465,12 @@ Split scan_split(const DataSpec& spec, const std::string& name, const ScanOption
   Candidates candidates = src->format == SplitSource::Format::coco       ? coco_candidates(spec, *src, split)
                           : src->format == SplitSource::Format::tfrecord ? record_candidates(spec, *src, o, split)
                                                                          : yolo_candidates(*src, split);
+  // Without names, a COCO file's categories or a label map give the classes: nc is held to them.
+  if (spec.nc > 0 && spec.nc != int64_t(split.names.size()))
+    throw InputError(spec.nc_where + ": nc is " + std::to_string(spec.nc) + " but split '" + name + "' has " +
+                     std::to_string(split.names.size()) + " classes (" +
+                     (src->format == SplitSource::Format::coco ? src->annotations + "'s categories" : spec.label_map) +
+                     "); make them agree (or drop nc)");
   std::vector<std::vector<Problem>> found = probe_candidates(*src, static_cast<int>(split.names.size()), o, candidates);
   keep_usable(candidates, found, split);
   // A labels/ folder missing or misplaced: each image alone is a background image, all of them

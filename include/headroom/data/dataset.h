@@ -68,6 +68,8 @@ struct DataSpec {
   std::string root;                 // its `path`, resolved
   std::vector<std::string> names;   // may be empty for COCO-only data (taken from categories)
   std::string label_map;            // TF OD API label_map.pbtxt (TFRecord data), resolved
+  int64_t nc = 0;                   // `nc` when given (checked against the classes each split has)
+  std::string nc_where;
   std::vector<std::pair<std::string, SplitSource>> splits;  // "train", "val", "test"
   const SplitSource* split(const std::string& name) const;
 };
