@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "headroom/core/device.h"
+#include "headroom/core/files.h"
 #include "headroom/data/cache.h"
 #include "headroom/data/loader.h"
 #include <opencv2/imgproc.hpp>
@@ -132,7 +133,7 @@ TEST(Cache, ADamagedShardIsRebuiltNotUsed) {
   // A build killed midway left its shard-sized temporary file: the next build removes it (its
   // process is gone), and writes its own under the name that cleanup knows.
   const fs::path shard(o.shard_path);
-  const std::string abandoned = (shard.parent_path() / ("." + shard.filename().string() + ".tmp999999999.1")).string();
+  const std::string abandoned = (shard.parent_path() / ("." + shard.filename().string() + ".tmp999999999@" + host_name() + ".1")).string();
   test::write_bytes(abandoned, bytes);
   EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
   EXPECT_EQ(test::read_bytes(o.shard_path).size(), bytes.size());

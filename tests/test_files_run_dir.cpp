@@ -98,19 +98,26 @@ TEST(Files, AtomicFilesStreamCopyAndVanishWhenNotCommitted) {
 }
 
 // The temporaries of processes that are gone (killed while they wrote) are removed; a live
-// process's, and every other file, stay.
+// process's, another host's on a shared file system (its pid means nothing here), and every
+// other file stay.
 TEST(Files, RemovesTheTemporariesOfProcessesThatAreGone) {
   const std::string dir = test::temp_dir("abandoned");
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ::waitpid(child, nullptr, 0);  // gone
-  const std::string dead = dir + "/.last.pt.tmp" + std::to_string(child) + ".123",
-                    live = dir + "/.best.pt.tmp" + std::to_string(::getpid()) + ".7";
-  for (const std::string& f : {dead, live, dir + "/last.pt", dir + "/.hidden.tmp"}) test::write_bytes(f, "x");
-  EXPECT_EQ(remove_abandoned_temporaries(dir), 1);
+  const std::string gone = std::to_string(child);
+  const std::string dead = dir + "/.last.pt.tmp" + gone + "@" + host_name() + ".123",
+                    earlier = dir + "/.step_1.pt.tmp" + gone + ".5",  // named before the host was
+                    live = dir + "/.best.pt.tmp" + std::to_string(::getpid()) + "@" + host_name() + ".7",
+                    elsewhere = dir + "/.val.64.hrcache.tmp" + gone + "@another-host.9";
+  for (const std::string& f : {dead, earlier, live, elsewhere, dir + "/last.pt", dir + "/.hidden.tmp"}) test::write_bytes(f, "x");
+  EXPECT_EQ(remove_abandoned_temporaries(dir), 2);
   EXPECT_FALSE(fs::exists(dead));
-  for (const std::string& f : {live, dir + "/last.pt", dir + "/.hidden.tmp"}) EXPECT_TRUE(fs::exists(f)) << f;
+  EXPECT_FALSE(fs::exists(earlier));
+  for (const std::string& f : {live, elsewhere, dir + "/last.pt", dir + "/.hidden.tmp"}) EXPECT_TRUE(fs::exists(f)) << f;
+  EXPECT_NE(temporary_path(dir + "/last.pt").find("/.last.pt.tmp" + std::to_string(::getpid()) + "@" + host_name() + "."),
+            std::string::npos);
 }
 
 TEST(RunDir, PicksAFreshNameUnlessReuseIsAsked) {

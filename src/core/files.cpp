@@ -39,10 +39,16 @@ void fsync_path(const std::string& path, bool is_directory) {
   if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
 }
 
+std::string host_name() {
+  char host[256] = {};
+  return ::gethostname(host, sizeof host - 1) == 0 ? std::string(host) : std::string();
+}
+
 std::string temporary_path(const std::string& target) {
   const fs::path t(target);
   const fs::path dir = t.has_parent_path() ? t.parent_path() : fs::path(".");
-  return (dir / ("." + t.filename().string() + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(std::random_device{}())))
+  return (dir / ("." + t.filename().string() + ".tmp" + std::to_string(::getpid()) + "@" + host_name() + "." +
+                 std::to_string(std::random_device{}())))
       .string();
 }
 
@@ -64,13 +70,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temporar
 AtomicFile::~AtomicFile() { discard(); }
 
 int remove_abandoned_temporaries(const std::string& dir) {
-  static const std::regex kTemporary(R"(\..+\.tmp([0-9]+)\.[0-9]+)");  // AtomicFile's names
+  static const std::regex kTemporary(R"(\..+\.tmp([0-9]+)(@(.*))?\.[0-9]+)");  // AtomicFile's names (earlier ones without a host)
+  const std::string here = host_name();
   int removed = 0;
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = f.path().filename().string();
-    if (!std::regex_match(name, m, kTemporary)) continue;
+    if (!std::regex_match(name, m, kTemporary) || (m[2].matched && m[3].str() != here)) continue;
     const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
     if (pid <= 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) removed += fs::remove(f.path(), ec) ? 1 : 0;
   }

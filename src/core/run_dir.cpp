@@ -48,14 +48,17 @@ RunDirLock::RunDirLock(const std::string& dir) {
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
     ::close(fd_);
     fd_ = -1;
+    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {  // a file system without flock (NFS nolock, some FUSE)
+      spdlog::warn("{}: this file system cannot lock the run folder ({}); nothing stops a second trainer from writing here",
+                   path, std::strerror(err));
+      return;
+    }
     if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the run folder: " + std::strerror(err));
     throw InputError(dir + ": another trainer is writing in this run folder" + (who.empty() ? "" : " (" + who + ")") +
                      ", and two runs in one folder would write over each other's checkpoints and log. Wait for it to end "
                      "or stop it, or give this run another name (name=...; exist_ok=false picks a fresh folder)");
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  const std::string me = "process " + std::to_string(::getpid()) + " on " + host + "\n";
+  const std::string me = "process " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   // Only a note for the message above: the flock is the lock, so a failed write is harmless.
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
     spdlog::debug("{}: could not record the lock's holder", path);

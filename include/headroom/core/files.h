@@ -26,12 +26,16 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// This machine's host name ("" when it has none).
+std::string host_name();
+
 // A fresh name beside `target` for writing it before the rename: the name AtomicFile uses, which
-// remove_abandoned_temporaries recognises (".<name>.tmp<pid>.<random>").
+// remove_abandoned_temporaries recognises (".<name>.tmp<pid>@<host>.<random>").
 std::string temporary_path(const std::string& target);
 
 // Removes from `dir` the temporary files of AtomicFiles whose process is gone (killed while it
-// wrote: a checkpoint's can be gigabytes); those of live processes stay. Returns how many.
+// wrote: a checkpoint's can be gigabytes); those of live processes stay, and those of other
+// hosts (a shared file system: their pids mean nothing here). Returns how many.
 int remove_abandoned_temporaries(const std::string& dir);
 
 // The same for contents already in memory.
