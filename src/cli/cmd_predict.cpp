@@ -96,8 +96,9 @@ void add_predict_command(CLI::App& app, int& exit_code) {
         throw InputError("--save-dir " + save_dir + " is the folder of --source " + source +
                          ": the drawn images would sit among your images; give another folder");
       // A folder source is read with its subfolders: a later run would take the drawn images in.
-      const fs::path src = fs::weakly_canonical(source_dir, ec), dst = fs::weakly_canonical(save_dir, ec);
-      if (folder && std::mismatch(src.begin(), src.end(), dst.begin(), dst.end()).first == src.end())
+      std::error_code src_ec, dst_ec;
+      const fs::path src = fs::weakly_canonical(source_dir, src_ec), dst = fs::weakly_canonical(save_dir, dst_ec);
+      if (folder && !src_ec && !dst_ec && !src.empty() && std::mismatch(src.begin(), src.end(), dst.begin(), dst.end()).first == src.end())
         throw InputError("--save-dir " + save_dir + " is inside --source " + source + ", which is read with its subfolders: a "
                          "later run would take the drawn images for input; give a folder outside it");
     }
