@@ -2,6 +2,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <array>
 
 #include "headroom/losses/centernet.h"
 #include "losses_internal.h"
@@ -19,17 +20,36 @@ at::Tensor gaussian_radius(const at::Tensor& height, const at::Tensor& width, do
   return at::min(r1, at::min(r2, r3));
 }
 
+namespace {
+
+// [B, N, 4] pixel boxes -> x1, y1, x2, y2 on the H x W output, clamped to it.
+std::array<at::Tensor, 4> output_corners(const at::Tensor& boxes_px, int64_t H, int64_t W, int64_t stride) {
+  const at::Tensor b = boxes_px.to(at::kFloat) / double(stride);
+  return {b.select(2, 0).clamp(0, W - 1), b.select(2, 1).clamp(0, H - 1), b.select(2, 2).clamp(0, W - 1), b.select(2, 3).clamp(0, H - 1)};
+}
+
+// The boxes that keep an area on the output: the objects the loss counts.
+at::Tensor objects_on_output(const at::Tensor& mask, const std::array<at::Tensor, 4>& c) {
+  return mask.logical_and(c[2].gt(c[0])).logical_and(c[3].gt(c[1]));
+}
+
+}  // namespace
+
+at::Tensor centernet_objects(const at::Tensor& boxes_px, const at::Tensor& mask, int64_t H, int64_t W, int64_t stride) {
+  at::NoGradGuard no_grad;
+  return objects_on_output(mask, output_corners(boxes_px, H, W, stride));
+}
+
 CenterNetTargets centernet_targets(const at::Tensor& boxes_px, const at::Tensor& classes, const at::Tensor& mask, int64_t nc,
                                    int64_t H, int64_t W, int64_t stride, double min_overlap, int64_t chunk_elements) {
   at::NoGradGuard no_grad;
   const int64_t B = boxes_px.size(0), N = boxes_px.size(1);
   const auto fopt = boxes_px.options().dtype(at::kFloat);
-  const at::Tensor b = boxes_px.to(at::kFloat) / double(stride);
-  const at::Tensor x1 = b.select(2, 0).clamp(0, W - 1), x2 = b.select(2, 2).clamp(0, W - 1);
-  const at::Tensor y1 = b.select(2, 1).clamp(0, H - 1), y2 = b.select(2, 3).clamp(0, H - 1);
+  const std::array<at::Tensor, 4> c = output_corners(boxes_px, H, W, stride);
+  const at::Tensor &x1 = c[0], &y1 = c[1], &x2 = c[2], &y2 = c[3];
   const at::Tensor w = x2 - x1, h = y2 - y1;
   CenterNetTargets t;
-  t.mask = mask.logical_and(w.gt(0)).logical_and(h.gt(0));
+  t.mask = objects_on_output(mask, c);
   const at::Tensor radius = gaussian_radius(h.ceil(), w.ceil(), min_overlap).floor().clamp_min(0);  // int(), >= 0
   const at::Tensor cx = (x1 + x2) / 2, cy = (y1 + y2) / 2;
   const at::Tensor ix = cx.floor(), iy = cy.floor();
@@ -90,7 +110,7 @@ class CenterNetLoss : public DetectionLoss {
   // heatmap by its peaks and the L1 terms by 2 x objects: its wh_weight 0.1 is 0.05 here.
   at::Tensor counts(const Targets& t, int64_t height, int64_t width) const override {
     const int64_t stride = info_.strides[0];
-    return targets(t, height / stride, width / stride).mask.sum().to(at::kFloat).view({1});
+    return centernet_objects(t.boxes, t.mask, height / stride, width / stride, stride).sum().to(at::kFloat).view({1});
   }
 
   int64_t count_terms() const override { return 1; }

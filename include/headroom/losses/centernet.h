@@ -20,6 +20,10 @@ struct CenterNetTargets {
   at::Tensor mask;     // [B, N] bool: objects with a positive size
 };
 
+// The objects the loss counts, [B, N] bool: mask and an area left on the H x W output. What
+// centernet_targets' mask is, without drawing the heatmap.
+at::Tensor centernet_objects(const at::Tensor& boxes, const at::Tensor& mask, int64_t H, int64_t W, int64_t stride);
+
 // boxes [B, N, 4] xyxy in input pixels, classes [B, N], mask [B, N]; output H x W at `stride`.
 CenterNetTargets centernet_targets(const at::Tensor& boxes, const at::Tensor& classes, const at::Tensor& mask, int64_t nc,
                                    int64_t height, int64_t width, int64_t stride, double min_overlap,
