@@ -419,4 +419,15 @@ TEST(TfRecord, ATfRecordSetTrainsAndValidates) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("AP50-95"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/t/results.csv"));
+
+  // --save-json on TFRecords writes the ground truth beside the detections (no COCO file exists
+  // for these boxes), and the pair scores as val printed.
+  r = test::run_trainer("val --config " + cfg + " --weights " + dir + "/runs/t/weights/last.pt --save-json " + dir +
+                        "/results.json --json threads=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double ap = Json::parse(r.output.substr(r.output.find('{')), "stdout").find("AP")->as_number();
+  ASSERT_TRUE(fs::exists(dir + "/results_gt.json")) << r.output;
+  r = test::run_trainer("val --gt " + dir + "/results_gt.json --results " + dir + "/results.json --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NEAR(Json::parse(r.output, "stdout").find("AP")->as_number(), ap, 1e-6);
 }

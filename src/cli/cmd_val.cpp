@@ -86,7 +86,8 @@ void add_val_command(CLI::App& app, int& exit_code) {
     if (!save_json.empty()) {
       write_file_atomic(save_json, eval::coco_results_json(r.detections).dump());
       std::string note = save_json;
-      if (split->category_ids.empty()) {  // YOLO data: COCO tools need a ground-truth file too
+      // COCO data has its instances file; YOLO and TFRecord data need a ground-truth file for COCO tools.
+      if (split->source.format != data::SplitSource::Format::coco) {
         const std::string gt = std::filesystem::path(save_json).replace_extension("").string() + "_gt.json";
         write_file_atomic(gt, eval::ground_truth_json(*split, r.left_out).dump());
         note += " (ground truth: " + gt + ")";
