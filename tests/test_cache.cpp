@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -101,6 +102,32 @@ TEST(Cache, ADiskShardIsReusedUntilTheDataChanges) {
   test::write_bytes(split->samples[0].labels, "0 0.5 0.5 0.25 0.25\n");
   split = scan_train(yaml);
   EXPECT_TRUE(DecodedCache::open(*split, o)->rebuilt());
+}
+
+// Ranks on one host open the same training shard at once: one builds it, the others wait for
+// its lock and map the file it built (each decoding every image would cost N times the work).
+TEST(Cache, ProcessesOpeningOneShardTogetherBuildItOnce) {
+  const auto split = scan_train(test::copy_of_small_synth("cache-together"));
+  CacheOptions o = disk_at_64(*split);
+  o.threads = 1;
+  std::atomic<int> ready{0};
+  std::unique_ptr<DecodedCache> caches[3];
+  std::vector<std::thread> ranks;
+  for (auto& c : caches)
+    ranks.emplace_back([&] {
+      ++ready;
+      while (ready < 3) std::this_thread::yield();
+      c = DecodedCache::open(*split, o);
+    });
+  for (auto& t : ranks) t.join();
+  int built = 0;
+  for (const auto& c : caches) {
+    ASSERT_TRUE(c);
+    built += c->rebuilt();
+    EXPECT_EQ(0, std::memcmp(c->image(5), caches[0]->image(5), 3 * 64 * 64));
+  }
+  EXPECT_EQ(built, 1);
+  EXPECT_TRUE(fs::exists(fs::path(o.shard_path).parent_path() / ".train.64.hrcache.lock"));
 }
 
 // An image that cannot be read while the shard is built (moved away for a moment, a network file

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,6 +38,28 @@ void fsync_path(const std::string& path, bool is_directory) {
   const int err = errno;
   ::close(fd);
   if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
+}
+
+FileLock::FileLock(const std::string& path, bool wait) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the lock file: " + std::strerror(errno));
+  int r;
+  do r = ::flock(fd_, LOCK_EX | (wait ? 0 : LOCK_NB));
+  while (r != 0 && errno == EINTR);
+  if (r == 0) return;
+  error_ = errno;
+  if (error_ == EWOULDBLOCK) {
+    state_ = State::busy;
+  } else if (error_ == ENOLCK || error_ == ENOSYS || error_ == EOPNOTSUPP || error_ == EINVAL) {
+    state_ = State::unsupported;
+  } else {
+    ::close(fd_);
+    throw Error(path + ": cannot lock: " + std::strerror(error_));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
 }
 
 std::string host_name() {

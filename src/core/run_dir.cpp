@@ -1,7 +1,6 @@
 #include "headroom/core/run_dir.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,34 +37,29 @@ std::string create_run_dir(const std::string& project, const std::string& name, 
 
 RunDirLock::RunDirLock(const std::string& dir) {
   const std::string path = (fs::path(dir) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot open the run folder's lock: " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    char holder[256] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
-    std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string();
-    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    ::close(fd_);
-    fd_ = -1;
-    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {  // a file system without flock (NFS nolock, some FUSE)
+  lock_ = std::make_unique<FileLock>(path, false);
+  const int fd = lock_->fd();
+  switch (lock_->state()) {
+    case FileLock::State::unsupported:
       spdlog::warn("{}: this file system cannot lock the run folder ({}); nothing stops a second trainer from writing here",
-                   path, std::strerror(err));
+                   path, std::strerror(lock_->error()));
+      lock_.reset();
       return;
+    case FileLock::State::busy: {
+      char holder[256] = {};
+      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+      std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string();
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      throw InputError(dir + ": another trainer is writing in this run folder" + (who.empty() ? "" : " (" + who + ")") +
+                       ", and two runs in one folder would write over each other's checkpoints and log. Wait for it to end "
+                       "or stop it, or give this run another name (name=...; exist_ok=false picks a fresh folder)");
     }
-    if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the run folder: " + std::strerror(err));
-    throw InputError(dir + ": another trainer is writing in this run folder" + (who.empty() ? "" : " (" + who + ")") +
-                     ", and two runs in one folder would write over each other's checkpoints and log. Wait for it to end "
-                     "or stop it, or give this run another name (name=...; exist_ok=false picks a fresh folder)");
+    case FileLock::State::held: break;
   }
   const std::string me = "process " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   // Only a note for the message above: the flock is the lock, so a failed write is harmless.
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != ssize_t(me.size()))
     spdlog::debug("{}: could not record the lock's holder", path);
-}
-
-RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
 }
 
 std::string open_run_dir(const Config& c, std::unique_ptr<RunDirLock>& lock) {

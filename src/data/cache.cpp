@@ -159,6 +159,20 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
 
   const std::string path = o.shard_path;
   const uint64_t key = cache_key(split, o.canvas, o.preprocess);
+  // One builder per shard: the other ranks on this host (or a second run on the same data) wait
+  // for it and then map its file, instead of each decoding every image into a temporary file.
+  const fs::path file(path);
+  const std::string lock_path = (file.parent_path() / ("." + file.filename().string() + ".lock")).string();
+  std::unique_ptr<FileLock> lock;
+  try {
+    lock = std::make_unique<FileLock>(lock_path, false);
+    if (lock->state() == FileLock::State::busy) {
+      spdlog::info("{}: another process is building this cache shard; waiting for it", path);
+      lock = std::make_unique<FileLock>(lock_path, true);
+    }
+  } catch (const Error& e) {  // a read-only data folder: the shard cannot be written there either
+    spdlog::debug("{}", e.what());
+  }
   if (c->load_shard(path, key)) return c;
   if (!c->write_shard(path, split, o, key)) return nullptr;
   c->rebuilt_ = true;

@@ -38,6 +38,28 @@ std::string temporary_path(const std::string& target);
 // hosts (a shared file system: their pids mean nothing here). Returns how many.
 int remove_abandoned_temporaries(const std::string& dir);
 
+// An exclusive flock on `path` (created when missing), held until destroyed; the kernel drops it
+// when the process ends, killed too. `wait` blocks while another process holds it; without wait
+// that is state() busy. A file system without flock (NFS nolock, some FUSE) gives unsupported
+// (error() says why): the caller decides whether to go on unlocked. Throws Error naming the file
+// when it cannot be opened.
+class FileLock {
+ public:
+  enum class State { held, busy, unsupported };
+  FileLock(const std::string& path, bool wait);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  State state() const { return state_; }
+  int error() const { return error_; }
+  int fd() const { return fd_; }  // the lock file, open read-write
+
+ private:
+  int fd_ = -1;
+  State state_ = State::held;
+  int error_ = 0;
+};
+
 // The same for contents already in memory.
 void write_file_atomic(const std::string& path, const std::string& contents);
 

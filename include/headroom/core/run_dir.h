@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "headroom/core/files.h"
+
 namespace headroom {
 
 struct Config;
@@ -21,12 +23,9 @@ class RunDirLock {
  public:
   // Throws InputError naming the holder and the fix when another process holds it.
   explicit RunDirLock(const std::string& dir);
-  ~RunDirLock();
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
 
  private:
-  int fd_ = -1;
+  std::unique_ptr<FileLock> lock_;
 };
 
 // Creates the run directory for `c`, takes its lock (into `lock`, before anything is written),
