@@ -328,6 +328,89 @@ TEST(Augment, TfCropPrunesByTheWindowAndClipBoxesOnlyDecidesTheExtent) {
     }
     EXPECT_GE(checked, 4);
   }
+  // overlap_thresh 1.0 keeps whole boxes only (TF's prune keeps an overlap >= the threshold).
+  o.random_crop_image.overlap_thresh = 1.0;
+  const augment::Params p = augment::draw_params(o, inputs(s, 128));
+  const augment::WarpedBoxes wb = augment::warp_boxes(p, o, boxes, classes, crowd);
+  for (int64_t b = 0; b < 8; ++b) {
+    if (std::abs(p.window[b][3].item<float>() - p.window[b][1].item<float>() - 64) > 1) continue;
+    EXPECT_FALSE(wb.keep[b][0].item<bool>()) << b;
+    EXPECT_TRUE(wb.keep[b][2].item<bool>()) << b;
+  }
+}
+
+// Inputs for n images without boxes whose content is the whole 8 px canvas.
+augment::DrawInputs boxless(int64_t n) {
+  augment::DrawInputs d = inputs(synthetic(1, 1, 8, 3), 8);
+  d.images = at::zeros({n, 3, 8, 8}, at::kByte);
+  d.boxes = at::zeros({n, 0, 4});
+  d.classes = at::zeros({n, 0}, at::kLong);
+  d.sample_ids = at::arange(n, at::kLong);
+  d.content = at::tensor({0.0f, 0.0f, 8.0f, 8.0f}).repeat({n, 1});
+  return d;
+}
+
+at::Tensor window_area(const augment::Params& p) {
+  const at::Tensor& w = p.window;
+  return (w.select(1, 2) - w.select(1, 0)) * (w.select(1, 3) - w.select(1, 1));
+}
+
+// TF's sample_distorted_bounding_box draws the crop's height uniformly for the drawn aspect (not
+// its area), and the OD API makes an image without boxes its own box. The mean kept area 0.376
+// is TF's GenerateRandomCrop simulated on 512 x 512 images (tests/fixtures has no TF: the
+// figure came from a transcription of the kernel, 20000 crops); an area drawn uniformly gives 0.45.
+TEST(Augment, TfCropDrawsTheSizesTfDraws) {
+  AugmentOptions o;
+  o.random_crop_image.enabled = true;
+  const augment::DrawInputs d = boxless(4000);
+  // min_object_covered 1.0 (TF's default): an image without boxes is never cropped.
+  EXPECT_TRUE(at::allclose(window_area(augment::draw_params(o, d)), at::full({4000}, 64.0f)));
+  o.random_crop_image.min_object_covered = 0.1;
+  o.random_crop_image.min_aspect_ratio = 0.5, o.random_crop_image.max_aspect_ratio = 1.7;
+  const at::Tensor kept = window_area(augment::draw_params(o, d)) / 64;
+  EXPECT_NEAR(kept.mean().item<double>(), 0.376, 0.015);
+  EXPECT_NEAR((kept < 0.3).to(at::kFloat).mean().item<double>(), 0.43, 0.03);
+  EXPECT_GE(kept.min().item<double>(), 0.1 - 1e-4);
+}
+
+// TF pads before resizing, by less than max_*_padding pixels of the image: an image shown at
+// half size in the canvas gets half as many canvas pixels.
+TEST(Augment, TfPadIsInTheImagesOwnPixels) {
+  AugmentOptions o;
+  o.random_absolute_pad_image.enabled = true;
+  o.random_absolute_pad_image.max_height_padding = o.random_absolute_pad_image.max_width_padding = 40;
+  augment::DrawInputs d = boxless(4000);
+  for (const float scale : {1.0f, 0.5f}) {
+    d.scale = at::full({4000}, scale);
+    const augment::Params p = augment::draw_params(o, d);
+    const at::Tensor extra = (p.view.select(1, 2) - p.view.select(1, 0)) - (p.window.select(1, 2) - p.window.select(1, 0));
+    EXPECT_GE(extra.min().item<double>(), 0);
+    EXPECT_LE(extra.max().item<double>(), 39 * scale + 1e-4) << scale;
+    EXPECT_GE(extra.max().item<double>(), 38 * scale - 1e-4) << scale;
+    const at::Tensor left = p.window.select(1, 0) - p.view.select(1, 0);
+    EXPECT_TRUE(((left <= extra - scale + 1e-4) | (extra == 0)).all().item<bool>()) << scale;  // offset in [0, padding)
+  }
+}
+
+// TF adjusts contrast before padding: about the picture's mean. The padding (black here) is not
+// in it, so the picture's mean stays where it was.
+TEST(Augment, TfContrastTurnsAboutThePicturesMean) {
+  AugmentOptions o;
+  o.random_absolute_pad_image.enabled = true;
+  o.random_absolute_pad_image.max_height_padding = o.random_absolute_pad_image.max_width_padding = 48;
+  o.random_absolute_pad_image.pad_color = {0, 0, 0};
+  o.random_adjust_contrast.enabled = true;
+  Synthetic s = synthetic(6, 1, 64, 12);
+  s.batch.images = (s.batch.images.to(at::kFloat) * (70.0 / 255) + 90).to(at::kByte);  // 90..160: no clipping at 1.25
+  const augment::Params p = augment::draw_params(o, inputs(s, 64));
+  augment::Params flat = p;
+  flat.any_contrast = false;
+  const at::Tensor adjusted = augment::apply(p, o, s.batch, 4).images, plain = augment::apply(flat, o, s.batch, 4).images;
+  const at::Tensor picture = augment::picture_mask(p, 0, 6).to(at::kFloat);
+  ASSERT_TRUE((picture.sum({1, 2, 3}) < 64 * 64).all().item<bool>());  // every image padded
+  const auto mean = [&](const at::Tensor& x) { return (x * picture).sum({2, 3}) / picture.sum({2, 3}); };
+  EXPECT_LT((mean(adjusted) - mean(plain)).abs().max().item<double>(), 1e-4);
+  EXPECT_GT((adjusted - plain).abs().max().item<double>(), 0.02);
 }
 
 TEST(Augment, ApplyKeepsSurvivorsFirstWithinTheRowBound) {

@@ -99,27 +99,32 @@ Map flip(const at::Tensor& on_x, const at::Tensor& on_y, double size) {
 }
 
 // Per image, the first crop of kCropAttempts that fits the content and holds at least
-// min_object_covered of some box (any crop when there are none); TF's
-// sample_distorted_bounding_box. Returns [B, 4] xyxy and whether one was found.
+// min_object_covered of some box; TF's sample_distorted_bounding_box with the OD API's
+// use_image_if_no_bounding_boxes (an image without boxes must keep that share of itself). As
+// TF's GenerateRandomCrop, the height is drawn uniformly between the area range's heights for
+// the drawn aspect, its top capped so that the crop fits (an area drawn uniformly would make
+// larger crops). Returns [B, 4] xyxy and whether one was found.
 std::pair<at::Tensor, at::Tensor> sample_crops(const TfCrop& o, Draws& d, const at::Tensor& content, const at::Tensor& boxes,
                                                const at::Tensor& valid) {
   const at::Tensor u = d.take(4 * kCropAttempts).view({-1, kCropAttempts, 4});  // [B, A, 4]
   const at::Tensor cw = (col(content, 2) - col(content, 0)).unsqueeze(1), ch = (col(content, 3) - col(content, 1)).unsqueeze(1);
-  const at::Tensor area = (col(u, 0) * (o.max_area - o.min_area) + o.min_area) * cw * ch;
   const at::Tensor aspect = col(u, 1) * (o.max_aspect_ratio - o.min_aspect_ratio) + o.min_aspect_ratio;  // w / h
-  const at::Tensor h = at::sqrt(area / aspect), w = h * aspect;
-  const at::Tensor fits = (w <= cw) & (h <= ch);
+  const at::Tensor h_lo = at::sqrt(o.min_area * cw * ch / aspect);
+  const at::Tensor h_hi = at::minimum(at::minimum(at::sqrt(o.max_area * cw * ch / aspect), cw / aspect), ch);
+  const at::Tensor h = h_lo + col(u, 0) * (h_hi - h_lo).clamp_min(0), w = h * aspect;
+  const at::Tensor fits = h_lo <= h_hi * (1 + 1e-6);
   const at::Tensor x0 = col(content, 0).unsqueeze(1) + col(u, 2) * (cw - w).clamp_min(0);
   const at::Tensor y0 = col(content, 1).unsqueeze(1) + col(u, 3) * (ch - h).clamp_min(0);
   const at::Tensor crops = at::stack({x0, y0, x0 + w, y0 + h}, -1);  // [B, A, 4]
-  at::Tensor ok = fits;
+  const at::Tensor itself = w * h / (cw * ch) >= o.min_object_covered - 1e-6;  // [B, A]: the image as its box
+  at::Tensor ok = fits & itself;
   if (boxes.size(1) > 0) {
     const at::Tensor c = crops.unsqueeze(2), b = boxes.unsqueeze(1);  // [B, A, 1, 4], [B, 1, N, 4]
     const at::Tensor iw = (at::minimum(col(c, 2), col(b, 2)) - at::maximum(col(c, 0), col(b, 0))).clamp_min(0);
     const at::Tensor ih = (at::minimum(col(c, 3), col(b, 3)) - at::maximum(col(c, 1), col(b, 1))).clamp_min(0);
     const at::Tensor barea = ((col(b, 2) - col(b, 0)) * (col(b, 3) - col(b, 1))).clamp_min(1e-6);
     const at::Tensor covered = (iw * ih / barea >= o.min_object_covered - 1e-6) & valid.unsqueeze(1);
-    ok = ok & (covered.any(2) | valid.any(1, true).logical_not());
+    ok = fits & at::where(valid.any(1, true), covered.any(2), itself);
   }
   const at::Tensor first = ok.to(at::kByte).argmax(1);  // the first attempt that works
   const at::Tensor crop = crops.gather(1, first.view({-1, 1, 1}).expand({-1, 1, 4})).squeeze(1);
@@ -230,9 +235,13 @@ TfWindow draw_tf_crop_and_pad(const AugmentOptions& o, const DrawInputs& in, con
   at::Tensor view = window;
   {
     const at::Tensor on = d.chance(pad.probability) & (pad.enabled ? p.mosaic.logical_not() : off);
-    const at::Tensor ph = at::floor(d.next() * (pad.max_height_padding + 1)), pw = at::floor(d.next() * (pad.max_width_padding + 1));
-    const at::Tensor oy = at::floor(d.next() * (ph + 1)), ox = at::floor(d.next() * (pw + 1));
-    const at::Tensor padded = at::stack({col(window, 0) - ox, col(window, 1) - oy, col(window, 2) - ox + pw, col(window, 3) - oy + ph}, 1);
+    // In the image's own pixels, as TF pads before resizing; TF's _random_integer excludes its
+    // upper bound: padding in [0, max), offset in [0, padding).
+    const at::Tensor ph = at::floor(d.next() * pad.max_height_padding), pw = at::floor(d.next() * pad.max_width_padding);
+    const at::Tensor oy = at::floor(d.next() * ph), ox = at::floor(d.next() * pw);
+    const at::Tensor k = in.scale.defined() ? in.scale : at::ones_like(ph);  // canvas pixels per image pixel
+    const at::Tensor padded = at::stack({col(window, 0) - ox * k, col(window, 1) - oy * k, col(window, 2) + (pw - ox) * k,
+                                         col(window, 3) + (ph - oy) * k}, 1);
     view = where4(on, padded, window);
   }
   const bool tf_geometry = crop.enabled || pad.enabled;
@@ -282,7 +291,9 @@ Map place_in_frame(const AugmentOptions& o, const BatchConsts& c, const MosaicCe
   p.window = window;
   p.view = view;
   p.clip_to_window = crop.clip_boxes ? at::ones({B}, fopt.dtype(at::kBool)) : tf.cropped.logical_not();
-  p.min_visible = at::where(tf.cropped, at::full({B}, crop.overlap_thresh, fopt), at::full({B}, o.box_min_visible, fopt));
+  // TF keeps a box showing overlap_thresh of itself or more (1.0: whole boxes); Ultralytics'
+  // box_candidates keeps one showing more than box_min_visible.
+  p.min_visible = at::where(tf.cropped, at::full({B}, crop.overlap_thresh - 1e-6, fopt), at::full({B}, o.box_min_visible, fopt));
   return frame;
 }
 
@@ -437,12 +448,14 @@ at::Tensor shift_hsv(const at::Tensor& x, const at::Tensor& hue_shift, const at:
   return out;
 }
 
-at::Tensor adjust_colour(const Params& p, const at::Tensor& images) {
+at::Tensor adjust_colour(const Params& p, const at::Tensor& images, const at::Tensor& picture) {
   at::Tensor x = images;
   const auto per_image = [](const at::Tensor& v) { return v.view({-1, 1, 1, 1}); };
   if (p.any_contrast) {  // TF: brightness, then contrast about each channel's mean, clipped each time
     x = (x + per_image(p.brightness)).clamp_(0, 1);
-    const at::Tensor mean = x.mean({2, 3}, true);
+    // TF adjusts the picture before padding it: the padding and bars are not in its mean.
+    const at::Tensor mean = picture.defined() ? (x * picture).sum({2, 3}, true) / picture.sum({2, 3}, true).clamp_min(1)
+                                              : x.mean({2, 3}, true);
     x = x.sub_(mean).mul_(per_image(p.contrast)).add_(mean).clamp_(0, 1);
   }
   return p.any_hsv ? shift_hsv(x, p.hue, p.saturation, p.value) : x;
@@ -478,7 +491,9 @@ Batch apply(const Params& p, const AugmentOptions& o, const Batch& in, int64_t m
     wb.crowd = at::cat({wb.crowd, wb.crowd.index_select(0, p.mix_partner)}, 1);
   }
   if (p.any_contrast || p.any_hsv)
-    x = in_chunks(x, x.size(0), x[0].numel() * 4, [&](int64_t b0, int64_t n) { return adjust_colour(colour_slice(p, b0, n), x.narrow(0, b0, n)); });
+    x = in_chunks(x, x.size(0), x[0].numel() * 4, [&](int64_t b0, int64_t n) {
+      return adjust_colour(colour_slice(p, b0, n), x.narrow(0, b0, n), p.any_contrast ? picture_mask(p, b0, n) : at::Tensor());
+    });
   // Surviving rows first (stable), then the first max_boxes of them: fixed shapes, no sync.
   const at::Tensor order = std::get<1>(at::sort(wb.keep.to(at::kInt), /*stable=*/true, /*dim=*/1, /*descending=*/true));
   const int64_t n = std::min<int64_t>(max_boxes, order.size(1));
@@ -530,6 +545,7 @@ Batch Augmenter::operator()(const data::HostBatch& batch, c10::Device device) co
   d.classes = in.classes;
   d.sample_ids = batch.sample_ids.to(device, true);
   d.content = batch.content.to(device, true);
+  d.scale = batch.scale.to(device, true);
   d.out_size = output_size(S, batch.epoch, batch.index);
   d.key = epoch_key(seed_, batch.epoch);
   d.mosaic = mosaic_in_epoch(batch.epoch);

@@ -17,20 +17,32 @@ namespace {
 // as one tall image [1, C, B*S, S], so that every output pixel samples its own tile's image in
 // a single grid_sample; coordinates are clamped to the source image so bilinear taps never
 // reach a neighbour.
-at::Tensor warp_images(const Params& p, const at::Tensor& source, int64_t b0, int64_t n, double fill, const at::Tensor& pad_colour) {
-  const int64_t S = p.in_size, So = p.out_size, C = source.size(1);
-  const auto fopt = source.options();
-  // Output pixel centres -> source points, [n, So*So] each.
-  const at::Tensor r = at::arange(So, fopt) + 0.5f;
-  const at::Tensor pts = at::stack({r.repeat({So}), r.repeat_interleave(So), at::ones({So * So}, fopt)});  // [3, So*So]
-  const at::Tensor src = at::matmul(p.inverse.narrow(0, b0, n), pts);  // [n, 3, So*So]
-  const at::Tensor w = src.select(1, 2);
-  const at::Tensor sx = src.select(1, 0) / w, sy = src.select(1, 1) / w;
-  const auto inside = [&](const at::Tensor& box) {
+// Output pixel centres of images [b0, b0 + n) -> their source points, [n, So*So] each, and
+// which of them fall inside a [B, 4] box.
+struct SourcePoints {
+  at::Tensor sx, sy, w;
+  int64_t b0, n, So;
+  at::Tensor inside(const at::Tensor& box) const {
     const at::Tensor b = box.narrow(0, b0, n);
     return ((sx >= col(b, 0).unsqueeze(1)) & (sx < col(b, 2).unsqueeze(1)) & (sy >= col(b, 1).unsqueeze(1)) &
             (sy < col(b, 3).unsqueeze(1)) & (w > 0)).view({n, 1, So, So});
-  };
+  }
+};
+
+SourcePoints source_points(const Params& p, int64_t b0, int64_t n, const at::TensorOptions& fopt) {
+  const int64_t So = p.out_size;
+  const at::Tensor r = at::arange(So, fopt) + 0.5f;
+  const at::Tensor pts = at::stack({r.repeat({So}), r.repeat_interleave(So), at::ones({So * So}, fopt)});  // [3, So*So]
+  const at::Tensor src = at::matmul(p.inverse.narrow(0, b0, n).to(fopt.dtype()), pts);  // [n, 3, So*So]
+  const at::Tensor w = src.select(1, 2);
+  return {src.select(1, 0) / w, src.select(1, 1) / w, w, b0, n, So};
+}
+
+at::Tensor warp_images(const Params& p, const at::Tensor& source, int64_t b0, int64_t n, double fill, const at::Tensor& pad_colour) {
+  const int64_t S = p.in_size, So = p.out_size, C = source.size(1);
+  const auto fopt = source.options();
+  const SourcePoints pt = source_points(p, b0, n, fopt);
+  const at::Tensor &sx = pt.sx, &sy = pt.sy;
   at::Tensor out;
   if (p.tiles == 4) {
     const at::Tensor tx = (sx >= S).to(at::kLong), ty = (sy >= S).to(at::kLong);
@@ -45,10 +57,14 @@ at::Tensor warp_images(const Params& p, const at::Tensor& source, int64_t b0, in
   }
   const at::Tensor outside = at::full({1}, fill, fopt);
   const at::Tensor pad = pad_colour.defined() ? pad_colour.narrow(0, b0, n).to(at::kFloat).view({n, C, 1, 1}) : outside;
-  return at::where(inside(p.window), out, at::where(inside(p.view), pad, outside));
+  return at::where(pt.inside(p.window), out, at::where(pt.inside(p.view), pad, outside));
 }
 
 }  // namespace
+
+at::Tensor picture_mask(const Params& p, int64_t b0, int64_t n) {
+  return source_points(p, b0, n, p.window.options().dtype(at::kFloat)).inside(p.window);
+}
 
 at::Tensor warp_reference(const Params& p, const at::Tensor& images, double fill, const at::Tensor& pad_colour) {
   const int64_t B = images.size(0), C = images.size(1), S = p.in_size;
@@ -188,7 +204,9 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
     const at::Tensor q = at::matmul(corners, p.matrix.transpose(1, 2).unsqueeze(1));  // [B, M, 4, 3]
     return q.narrow(3, 0, 2) / q.narrow(3, 2, 1);
   };
-  const at::Tensor qb = quad(b);
+  // The box before the warp, to measure what it keeps: in a mosaic, its part on the mosaic canvas
+  // (Ultralytics clips to the canvas before random_perspective); elsewhere the whole box.
+  const at::Tensor qb = quad(at::where(p.mosaic.view({-1, 1, 1}), in_window, b));
   const at::Tensor full = at::cat({std::get<0>(qb.min(-2)), std::get<0>(qb.max(-2))}, -1);
   const at::Tensor out = visible_bbox(quad(clipped), double(p.out_size));
   const at::Tensor seen = unclipped ? visible_bbox(quad(in_window), double(p.out_size)) : out;

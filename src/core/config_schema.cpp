@@ -175,7 +175,7 @@ std::vector<ConfigKey> augment_keys() {
               list_key<double>("augment.random_absolute_pad_image.pad_color",
                                [](Config& c) -> std::vector<double>& { return c.augment.random_absolute_pad_image.pad_color; }, 0, 255, ""),
               pad_num("probability", &TfPad::probability, 0, 1)},
-             "TF OD API: pad by up to max_height_padding / max_width_padding canvas pixels at a random offset with "
+             "TF OD API: pad by less than max_height_padding / max_width_padding pixels of the image at a random offset with "
              "pad_color (RGB 0..255; empty = the image's mean colour), then fit to the canvas."),
       delta("augment.random_adjust_hue", [](Config& c) -> TfDelta& { return c.augment.random_adjust_hue; }, 0.5,
             "TF OD API: hue shift uniform in +- max_delta turns (0.02)."),

@@ -62,6 +62,7 @@ struct DrawInputs {
   at::Tensor classes;
   at::Tensor sample_ids;  // [B] int64, the images' indices in their split
   at::Tensor content;     // [B, 4] float xyxy: where the image lies in its letterboxed canvas
+  at::Tensor scale;       // [B] float: canvas pixels per pixel of the image (TF's padding); undefined = 1
   int64_t out_size = 0;
   uint64_t key = 0;       // seed and epoch mixed (epoch_key)
   bool mosaic = true;     // false in the close_mosaic epochs
@@ -90,8 +91,13 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
                        const at::Tensor& crowd);
 
 // Colour changes of [B, 3, H, W] float images in [0, 1]: brightness, contrast, then one HSV
-// round trip for hue, saturation and value.
-at::Tensor adjust_colour(const Params& p, const at::Tensor& images);
+// round trip for hue, saturation and value. `picture` ([B, 1, H, W] bool, undefined = every
+// pixel) is where the image is: contrast turns about its mean.
+at::Tensor adjust_colour(const Params& p, const at::Tensor& images, const at::Tensor& picture = at::Tensor());
+
+// The output pixels of images [b0, b0 + n) that show the picture (inside the window, not the
+// padding, bars or fill): [n, 1, So, So] bool.
+at::Tensor picture_mask(const Params& p, int64_t b0, int64_t n);
 
 // The HSV round trip: hue + shift (turns), saturation and value times their gains ([B] each).
 // shift_hsv runs a fused per-pixel loop on the CPU and the tensor-op reference elsewhere.

@@ -64,7 +64,7 @@ struct TfCrop {                     // random_crop_image (TF defaults)
 };
 struct TfPad {                      // random_absolute_pad_image
   bool enabled = false;
-  double max_height_padding = 0;    // pixels of the training canvas
+  double max_height_padding = 0;    // pixels of the image (TF pads before resizing)
   double max_width_padding = 0;
   std::vector<double> pad_color;    // RGB 0..255; empty = the image's mean colour (TF)
   double probability = 1.0;

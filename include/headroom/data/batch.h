@@ -27,6 +27,7 @@ struct HostBatch {
   at::Tensor counts;   // [B] int64 boxes per image
   at::Tensor sample_ids;  // [B] int64: meta[b].index, as a tensor for the device
   at::Tensor content;     // [B, 4] float xyxy canvas pixels where the image lies (its letterbox)
+  at::Tensor scale;       // [B] float canvas pixels per pixel of the original image
   std::vector<ImageMeta> meta;
   int64_t epoch = 0;
   int64_t index = 0;          // batch index within the epoch (of the global batch, on several ranks)
