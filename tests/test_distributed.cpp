@@ -25,6 +25,7 @@
 #include "headroom/dist/group.h"
 #include "headroom/memory/cpu_allocator.h"
 #include "headroom/memory/governor.h"
+#include "headroom/train/checkpoints.h"
 #include "headroom/train/hooks.h"
 #include "headroom/train/parts.h"
 #include "headroom/train/trainer.h"
@@ -313,9 +314,17 @@ TEST(Distributed, AResumeOnMoreRanksRepeatsTheImagesPastTheLastWholeGlobalBatch)
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("epoch 1 continues at image 8, not 12 (4 images of it train again)"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("loader batch 3 of 4 images is batch 1 of 8"), std::string::npos) << two.output;
+  // A step is 8 images on two ranks (nominal_batch 4 < 4 x 2): an epoch of 26 images is 4 steps,
+  // not 7. The steps are renumbered, so the run trains its whole second epoch (counting on from
+  // step 3 of 8, it stopped 2 steps into it).
+  EXPECT_NE(two.output.find("an epoch is 4 steps here, 7 in the checkpoint's run: its step 3 is step 1 of 8"), std::string::npos)
+      << two.output;
   const auto rows = record_of(dir + "/runs/r/results.csv");
   ASSERT_EQ(rows.size(), 3u) << read_bytes(dir + "/runs/r/results.csv");  // the header and two epochs
   EXPECT_EQ(rows.back()[0], "2");
+  const Json meta = train::checkpoint_meta(dir + "/runs/r/weights/last.pt");
+  EXPECT_EQ(meta.find("step")->as_number(), 8);
+  EXPECT_EQ(meta.find("epoch")->as_number(), 2);
 }
 
 // A worker that fails with an error: the launcher exits with its code and its message.

@@ -292,6 +292,7 @@ Json Trainer::save_progress() const {
   return Json::object({{"epoch", state_.epoch}, {"batch", state_.batch}, {"step", state_.step}, {"images", state_.images},
                        {"best_fitness", state_.best_fitness}, {"best_step", state_.best_step},
                        {"last_eval_step", state_.last_eval_step}, {"val_batch", state_.val_batch}, {"world", options_.world()},
+                       {"steps_per_epoch", length_.steps_per_epoch},
                        {"amp", to_string(amp_)}, {"last_metrics", std::move(metrics)}});
 }
 
@@ -305,8 +306,9 @@ void Trainer::load_progress(const Json& j) {
     const int64_t nb_saved = data::Loader::batches_in(int64_t(train_split_->samples.size()), batch() * saved_world,
                                                       loader_->options().drop_last(), loader_->options().min_batch() * saved_world);
     const int64_t done = state_.batch * batch() * saved_world, per = batch() * options_.world();
-    const int64_t moved = state_.batch >= nb_saved ? loader_->batches_per_epoch() : done / per;
-    if (state_.batch < nb_saved && done % per != 0)
+    // A step starts at a multiple of accumulate loader batches: so the epoch keeps its steps.
+    const int64_t whole = done / per, moved = state_.batch >= nb_saved ? loader_->batches_per_epoch() : whole - whole % accumulate();
+    if (state_.batch < nb_saved && done != moved * per)
       spdlog::warn("resume on {} processes (the checkpoint ran on {}): epoch {} continues at image {}, not {} ({} images of it "
                    "train again)", options_.world(), saved_world, state_.epoch + 1, moved * per, done, done - moved * per);
     spdlog::info("resume on {} processes (the checkpoint ran on {}): loader batch {} of {} images is batch {} of {}", options_.world(),
@@ -318,6 +320,20 @@ void Trainer::load_progress(const Json& j) {
   state_.best_fitness = j.find("best_fitness")->as_number();
   state_.best_step = num("best_step");
   state_.last_eval_step = num("last_eval_step");
+  // Another world size can change the steps per epoch (a step of train.batch x world images
+  // beyond nominal_batch): the run's steps are renumbered by epoch, or the schedule, the warmup
+  // and the run's length would count the old steps against the new total.
+  const int64_t saved_spe = j.find("steps_per_epoch") ? num("steps_per_epoch") : length_.steps_per_epoch;
+  if (saved_spe != length_.steps_per_epoch) {
+    const int64_t spe = length_.steps_per_epoch, saved_step = state_.step;
+    const int64_t now = state_.epoch * spe + (state_.batch + accumulate() - 1) / accumulate();
+    const auto renumber = [&](int64_t s) { return s == saved_step ? now : (s / saved_spe) * spe + (s % saved_spe) * spe / saved_spe; };
+    state_.best_step = renumber(state_.best_step);
+    state_.last_eval_step = renumber(state_.last_eval_step);
+    state_.step = now;
+    spdlog::info("resume: an epoch is {} steps here, {} in the checkpoint's run: its step {} is step {} of {}", spe, saved_spe,
+                 saved_step, now, total_steps());
+  }
   state_.val_batch = num("val_batch");
   const std::vector<Json>& metrics = j.find("last_metrics")->items();
   last_metrics_.reset();
