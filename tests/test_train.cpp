@@ -31,6 +31,7 @@
 #include "headroom/train/checkpoints.h"
 #include "headroom/train/hooks.h"
 #include "headroom/train/metrics.h"
+#include "headroom/train/parts.h"
 #include "headroom/train/trainer.h"
 #include "test_util.h"
 #include "train_util.h"
@@ -752,6 +753,12 @@ TEST(Train, DemoConfigLearnsTheShapes) {
   EXPECT_GE(rows.back()[ap50], 0.05);
   EXPECT_LT(rows.back()[2], rows.front()[2]);  // the box loss fell
   EXPECT_NE(r.output.find("Average Precision"), std::string::npos);  // the val table
+  // best.pt is chosen by Ultralytics' fitness, which the last line reports.
+  const size_t ap = size_t(std::find(header.begin(), header.end(), "metrics/AP50-95") - header.begin());
+  ASSERT_LT(ap, header.size());
+  std::smatch best;
+  ASSERT_TRUE(std::regex_search(r.output, best, std::regex(R"(best fitness \(0\.1 AP50 \+ 0\.9 AP50-95\) ([0-9.]+) at step 400)"))) << r.output;
+  EXPECT_NEAR(std::stod(best[1].str()), 0.1 * rows.back()[ap50] + 0.9 * rows.back()[ap], 1e-4);
   std::smatch logged, governed;
   ASSERT_TRUE(std::regex_search(r.output, logged, std::regex("epoch 10/10 done: .*memory peak ([0-9.]+ [KMG]iB)"))) << r.output;
   ASSERT_TRUE(std::regex_search(r.output, governed, std::regex("memory, epoch 10: peak ([0-9.]+ [KMG]iB) allocated"))) << r.output;
@@ -800,6 +807,16 @@ TEST(Train, MuSgdTrainsYolo26AndResumesExactly) {
   const std::vector<at::Tensor> resumed = test::params_of(run.trainer->model());
   ASSERT_EQ(resumed.size(), full.size());
   for (size_t i = 0; i < full.size(); ++i) ASSERT_TRUE(at::equal(resumed[i], full[i])) << "parameter " << i << " differs after resume";
+}
+
+// Accumulation rounds nominal / batch as Python's round (Ultralytics' accumulate): halves to even.
+TEST(Train, AccumulationRoundsHalvesToEvenAsUltralytics) {
+  EXPECT_EQ(train::accumulation_steps(100, 40), 2);  // 2.5
+  EXPECT_EQ(train::accumulation_steps(60, 24), 2);   // 2.5
+  EXPECT_EQ(train::accumulation_steps(140, 40), 4);  // 3.5
+  EXPECT_EQ(train::accumulation_steps(72, 48), 2);   // 1.5
+  EXPECT_EQ(train::accumulation_steps(64, 16), 4);
+  EXPECT_EQ(train::accumulation_steps(64, 128), 1);  // 0.5, at least 1
 }
 
 // `train.optimizer: auto` chooses as Ultralytics does, and the run's config records the choice (a

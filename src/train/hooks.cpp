@@ -110,8 +110,10 @@ class EvalHook : public Hook {
       std::printf("%s", eval::format_coco_stats(*s, t.train_split().names).c_str());
       std::fflush(stdout);
     }
-    if (s->stats[0] > t.state().best_fitness) {
-      t.state().best_fitness = s->stats[0];
+    // Ultralytics' fitness: 0.1 AP50 + 0.9 AP50-95 picks best.pt.
+    const double fitness = 0.1 * s->stats[1] + 0.9 * s->stats[0];
+    if (fitness > t.state().best_fitness) {
+      t.state().best_fitness = fitness;
       t.state().best_step = t.state().step;  // the checkpoint writer saves best.pt
     }
   }
@@ -242,7 +244,7 @@ class LogHook : public Hook {
       else
         spdlog::error("{}", t.state().stop_reason);
     }
-    spdlog::info("{} optimizer steps ({} images) in {}; best AP50-95 {:.4f} at step {}; weights in {}", t.state().step,
+    spdlog::info("{} optimizer steps ({} images) in {}; best fitness (0.1 AP50 + 0.9 AP50-95) {:.4f} at step {}; weights in {}", t.state().step,
                  t.state().images, human_seconds(seconds), std::max(t.state().best_fitness, 0.0), t.state().best_step,
                  (fs::path(t.run_dir()) / "weights").string());
   }
@@ -283,7 +285,7 @@ class PlotHook : public Hook {
  public:
   void before_train(Trainer& t) override { plot_labels(t.train_split(), path(t, "labels.jpg")); }
   void after_step(Trainer& t) override {
-    if (drew_batch_ || !t.first_batch()) return;
+    if (drew_batch_ || !t.first_batch() || t.state().step > 1) return;  // a resumed run's batch is not the first
     drew_batch_ = true;
     plot_batch(*t.first_batch(), t.train_split().names, path(t, "train_batch0.jpg"));
   }
