@@ -391,6 +391,40 @@ TEST(Memory, TheRamCacheIsCountedAgainstTheBudgetOnTheCpu) {
   run.monitor->set_limit(0);
 }
 
+// The validation images' RAM cache, made at the first validation (at epoch 1's end, after the
+// governor's own epoch-end hook), comes off the tensors' limit before epoch 2's first step.
+TEST(Memory, TheValidationCacheComesOffTheLimitBeforeTheNextEpoch) {
+  const Config c = load_config("", tiny_run({"data.cache=ram", "memory.budget=1GiB", "train.epochs=2", "train.val_every=1",
+                                             "data.imgsz=480"}));
+  cli::Run run = run_for(c, temp_dir("val-cache-limit"));
+  ASSERT_NE(run.trainer->loader().cache(), nullptr);
+  // Registered last: its epoch end comes after the governor's and the validation's.
+  struct Limits : train::Hook {
+    std::shared_ptr<MemoryMonitor> monitor;
+    int64_t after_epoch1 = 0, first_of_epoch2 = 0;
+    void after_epoch(train::Trainer&) override {
+      if (!after_epoch1) after_epoch1 = monitor->sample().limit;
+    }
+    void before_step(train::Trainer&) override {
+      if (after_epoch1 && !first_of_epoch2) first_of_epoch2 = monitor->sample().limit;
+    }
+  };
+  auto limits = std::make_unique<Limits>();
+  limits->monitor = run.monitor;
+  Limits* seen = limits.get();
+  run.trainer->register_hook(std::move(limits));
+  run.trainer->train();
+  run.monitor->set_limit(0);
+  const auto val = train::load_val_split(c);
+  ASSERT_TRUE(val);
+  const int64_t val_cache = int64_t(val->samples.size()) * 3 * 480 * 480;
+  ASSERT_GT(seen->first_of_epoch2, 0);
+  std::printf("tensor limit: %s after epoch 1's end, %s at epoch 2's first step; validation cache %s\n",
+              format_bytes(double(seen->after_epoch1)).c_str(), format_bytes(double(seen->first_of_epoch2)).c_str(),
+              format_bytes(double(val_cache)).c_str());
+  EXPECT_LE(seen->first_of_epoch2, seen->after_epoch1 - val_cache * 3 / 4);
+}
+
 TEST(AutoBatch, OneImageThatDoesNotFitIsAClearError) {
   auto monitor = cpu_monitor();
   const Config c = load_config("", tiny_run({"train.batch=auto"}));

@@ -202,6 +202,7 @@ void Governor::before_train(train::Trainer& t) {
   last_retries_ = retries_at_start_ = s.alloc_retries;
   if (t.device().is_cpu()) return_free_heap();  // as after_epoch measures
   other_at_start_ = process_memory().rss - (t.device().is_cpu() ? s.reserved : 0);
+  eval_step_seen_ = t.state().last_eval_step;
   ooms_at_start_ = s.ooms;
   if (!decisions_.empty())
     spdlog::info("resume keeps the memory governor's {} decisions: micro-batch {}, recompute {}, amp {}", decisions_.size(),
@@ -226,6 +227,7 @@ void Governor::shrink(train::Trainer& t, const std::string& reason, int64_t from
 }
 
 void Governor::after_step(train::Trainer& t) {
+  after_validation(t);  // one inside the epoch (val_every_steps) ran after the last step's hooks
   const std::optional<MemoryStats>& sampled = t.step_memory();
   if (!sampled) return;
   const MemoryStats& s = *sampled;
@@ -281,25 +283,44 @@ void Governor::after_epoch(train::Trainer& t) {
                cpu ? fmt::format(": {} tensors and cache, {} the rest ({:+.1f} MiB since training began)", format_bytes(double(s.reserved)),
                                  format_bytes(double(other)), double(growth) / double(1 << 20))
                    : std::string());
-  // On the CPU the budget bounds the process: the rest's growth comes off the tensors' limit.
-  if (cpu && o_.budget() > 0 && growth >= o_.budget()) {
+  take_growth_off(t, growth, s);
+  epoch_peak_ = epoch_peak_reserved_ = 0;
+}
+
+void Governor::before_epoch(train::Trainer& t) {
+  after_validation(t);  // the epoch's validation ran after this hook's after_epoch
+}
+
+void Governor::after_validation(train::Trainer& t) {
+  if (t.state().last_eval_step == eval_step_seen_) return;
+  eval_step_seen_ = t.state().last_eval_step;
+  if (!t.device().is_cpu() || o_.budget() <= 0) return;
+  const MemoryStats s = monitor(t).sample();
+  return_free_heap();
+  take_growth_off(t, process_memory().rss - s.reserved - other_at_start_, s);
+}
+
+// On the CPU the budget bounds the process: the growth of its other memory (the validation
+// images' RAM cache, made at the first validation) comes off the tensors' limit.
+void Governor::take_growth_off(train::Trainer& t, int64_t growth, const MemoryStats& s) {
+  if (!t.device().is_cpu() || o_.budget() <= 0) return;
+  if (growth >= o_.budget()) {
     // No limit is left to give the tensors (one at or under 0 would switch the allocator's check
     // off, and a negative usable budget would shrink every step): they keep theirs, and the log
     // says the process is over its budget.
     spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, past the whole {} budget; "
                  "the tensors keep their limit of {} and the process is over its budget: raise memory.budget",
                  format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(s.limit)));
-  } else if (cpu && o_.budget() > 0) {
-    other_growth_ = std::max<int64_t>(0, growth);
-    const int64_t limit = o_.budget() - other_growth_;
-    if (limit != s.limit) {
-      monitor(t).set_limit(limit);
-      if (growth > 0)
-        spdlog::info("memory: tensors may use {} of the {} budget: the process's other memory grew by {}", format_bytes(double(limit)),
-                     format_bytes(double(o_.budget())), format_bytes(double(growth)));
-    }
+    return;
   }
-  epoch_peak_ = epoch_peak_reserved_ = 0;
+  other_growth_ = std::max<int64_t>(0, growth);
+  const int64_t limit = o_.budget() - other_growth_;
+  if (limit != s.limit) {
+    monitor(t).set_limit(limit);
+    if (growth > 0)
+      spdlog::info("memory: tensors may use {} of the {} budget: the process's other memory grew by {}", format_bytes(double(limit)),
+                   format_bytes(double(o_.budget())), format_bytes(double(growth)));
+  }
 }
 
 bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {

@@ -69,6 +69,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
 
   void before_train(train::Trainer& t) override;
   void after_step(train::Trainer& t) override;
+  void before_epoch(train::Trainer& t) override;
   void after_epoch(train::Trainer& t) override;
   bool on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) override;
   std::string state_name() const override { return "governor"; }
@@ -96,6 +97,8 @@ class Governor final : public train::Hook, public train::StepExecutor {
   void shrink(train::Trainer& t, const std::string& reason, int64_t from = 0);
   // One rung of the ladder for an error in a step or the loader; throws when none is left.
   void climb(train::Trainer& t, const std::string& what, MemoryFailure kind);
+  void after_validation(train::Trainer& t);
+  void take_growth_off(train::Trainer& t, int64_t growth, const MemoryStats& s);
   [[noreturn]] void give_up(train::Trainer& t, const std::string& what, const std::string& why);
   void apply_plan(train::Trainer& t, int64_t size, int64_t micro);
   MemoryMonitor& monitor(train::Trainer& t) const;
@@ -111,6 +114,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   std::set<std::pair<int64_t, int64_t>> plans_logged_;
   int64_t other_at_start_ = 0;  // host RSS beyond the tensors when training began
   int64_t other_growth_ = 0;    // CPU: its growth since, taken off the tensors' budget
+  int64_t eval_step_seen_ = -1;  // the validation whose memory growth was last taken off
   int64_t last_retries_ = 0, retry_run_ = 0, calm_steps_ = 0, epoch_peak_ = 0, epoch_peak_reserved_ = 0,
           retries_at_start_ = 0, ooms_at_start_ = 0, peak_so_far_ = 0;
 };
