@@ -459,6 +459,27 @@ TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
   EXPECT_GE(monitor->released, 1);
 }
 
+// The CUDA allocator frees its cache and retries once before every out-of-memory error it raises
+// (scripted here): after the governor recovers from one, a single retry in the next step is not
+// two steps of thrashing and does not shrink the micro-batch again.
+TEST(Governor, TheRetryBehindAnOutOfMemoryErrorIsNotThrashing) {
+  auto monitor = std::make_shared<ScriptedMonitor>();
+  const Config c = load_config("", tiny_run({"train.steps=4"}));
+  train::TrainerParts parts = parts_for(c, temp_dir("gov-oom-retry"));
+  parts.monitor = monitor;
+  train::Trainer t(std::move(parts));
+  memory::Governor* g = govern(t);
+  ScriptedMonitor& m = *monitor;
+  t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::input, false, [&m] {
+    ++m.stats.alloc_retries;
+    memory::CachingCpuAllocator::install().inject_oom_after(200);
+  }));
+  t.register_hook(std::make_unique<AtPhase>(2, train::StepPhase::update, false, [&m] { ++m.stats.alloc_retries; }));
+  t.train();
+  EXPECT_EQ(t.state().step, 4);
+  EXPECT_EQ(actions(*g), std::vector<std::string>{"micro_batch 4 -> 2"});
+}
+
 TEST(Governor, GrowsBackAfterAStableStretch) {
   const Config c = load_config("", tiny_run({"train.steps=6", "memory.grow_after=2"}));
   train::Trainer t(parts_for(c, temp_dir("gov-grow")));

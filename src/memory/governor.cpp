@@ -323,8 +323,16 @@ void Governor::take_growth_off(train::Trainer& t, int64_t growth, const MemorySt
   }
 }
 
+// The CUDA allocator frees its cache and retries once before every out-of-memory error it
+// raises: that retry is the error's, not a sign of thrashing in the steps that follow.
+void Governor::forget_retries(train::Trainer& t) {
+  last_retries_ = monitor(t).sample().alloc_retries;
+  retry_run_ = 0;
+}
+
 bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) {
   monitor(t).release_cache();
+  forget_retries(t);
   if (site == train::OomSite::validation) {
     calm_steps_ = 0;  // memory is short now: the grow-back counts from the next step
     const int64_t b = t.state().val_batch;
@@ -349,6 +357,7 @@ bool Governor::on_oom(train::Trainer& t, const c10::Error& e, train::OomSite sit
 
 void Governor::climb(train::Trainer& t, const std::string& what, MemoryFailure kind) {
   monitor(t).release_cache();
+  forget_retries(t);
   calm_steps_ = 0;  // every rung, not only a shrink: the step after an OOM starts no calm stretch
   t.forget_step_peaks();
   const int64_t m = micro_batch(t);

@@ -98,6 +98,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   // One rung of the ladder for an error in a step or the loader; throws when none is left.
   void climb(train::Trainer& t, const std::string& what, MemoryFailure kind);
   void after_validation(train::Trainer& t);
+  void forget_retries(train::Trainer& t);
   void take_growth_off(train::Trainer& t, int64_t growth, const MemoryStats& s);
   [[noreturn]] void give_up(train::Trainer& t, const std::string& what, const std::string& why);
   void apply_plan(train::Trainer& t, int64_t size, int64_t micro);
