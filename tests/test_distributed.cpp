@@ -388,7 +388,8 @@ TEST(Distributed, TheRendezvousNamesARankThatNeverJoined) {
 }
 
 // A rank of the tests below, started by run_ranks with torchrun's variables and
-// HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory, a
+// HEADROOM_TEST_WORKER_DIR (its run.yaml; an `oom` file there makes rank 1 run out of memory in
+// step 2 or the step an `oom_step` file holds, a
 // `loader_oom` file its loader,
 // `press` file makes its memory ask for a smaller micro-batch, a `micro` file holds the
 // governor's micro-batch, a `live_bn` file leaves BatchNorm training, a `timeout` file holds the
@@ -415,18 +416,21 @@ TEST(DistributedWorker, TrainsAsItsRank) {
   const memory::Governor* g = run.governor;
   if (!fs::exists(dir + "/live_bn")) t.register_hook(std::make_unique<EvalModeBatchNorm>());
   if (fs::exists(dir + "/micro")) run.governor->set_micro_batch(std::stoll(read_bytes(dir + "/micro")));
-  // Rank 1 alone runs out of memory 150 allocations into step 2.
+  // Rank 1 alone runs out of memory 150 allocations into step 2 (or the step an `oom_step` file holds).
   class OomOnRank1 : public train::Hook {
    public:
+    explicit OomOnRank1(int64_t step) : step_(step) {}
     void before_step(train::Trainer& t) override {
-      if (t.rank() == 1 && t.state().step == 1 && !done_) {
+      if (t.rank() == 1 && t.state().step == step_ - 1 && !done_) {
         done_ = true;
         memory::CachingCpuAllocator::install().inject_oom_after(150);
       }
     }
+    int64_t step_;
     bool done_ = false;
   };
-  if (fs::exists(dir + "/oom")) t.register_hook(std::make_unique<OomOnRank1>());
+  if (fs::exists(dir + "/oom"))
+    t.register_hook(std::make_unique<OomOnRank1>(fs::exists(dir + "/oom_step") ? std::stoll(read_bytes(dir + "/oom_step")) : 2));
   // Rank 1's loader alone runs out of memory filling a batch, after step 2's update.
   class LoaderOomOnRank1 : public train::Hook {
    public:
@@ -644,6 +648,25 @@ TEST(Distributed, MemoryPressureOnOneRankShrinksEveryRankAndNothingGrowsBack) {
   }
   EXPECT_NE(read_bytes(dir + "/rank0.txt").find("memory pressure on rank 1"), std::string::npos) << read_bytes(dir + "/rank0.txt");
   EXPECT_NE(read_bytes(dir + "/rank1.txt").find("crossed budget - headroom"), std::string::npos) << read_bytes(dir + "/rank1.txt");
+}
+
+// Rank 1's pressure from step 2 waits for step 3's agreement, and in step 3 rank 1 runs out of
+// memory: every rank climbs one rung, which answers the pressure too. The vote still pending
+// after the climb halved the micro-batch a second time (4 -> 2 -> 1).
+TEST(Distributed, PressureAndAnOutOfMemoryErrorInOneStepShrinkOnce) {
+  const std::string dir = temp_dir("dist-press-oom");
+  config_file(dir, exact_run({"train.steps=5", "train.val_every=0", "distributed.sync_bn=false", "train.batch=4", "memory.budget=256MiB",
+                              "memory.headroom=0.5"},
+                             "yolov8.yaml"));
+  write_bytes(dir + "/press", "rank 1, step 2");
+  write_bytes(dir + "/oom", "rank 1");
+  write_bytes(dir + "/oom_step", "3");
+  ASSERT_TRUE(run_ranks(dir));
+  for (int r = 0; r < 2; ++r) {
+    const std::string decisions = read_bytes(dir + "/rank" + std::to_string(r) + ".txt");
+    EXPECT_EQ(std::count(decisions.begin(), decisions.end(), '\n'), 1) << "rank " << r << ":\n" << decisions;
+    EXPECT_EQ(decisions.rfind("3 micro_batch 4 -> 2", 0), 0u) << "rank " << r << ":\n" << decisions;
+  }
 }
 
 // With SyncBatchNorm live, an out-of-memory error on one rank cannot be undone on every rank

@@ -152,7 +152,9 @@ void Governor::run(train::Trainer& t, const std::vector<data::HostBatch>& batche
       const std::vector<at::Tensor> live = t.model().buffers();
       for (size_t i = 0; i < snapshot.size(); ++i) live[i].copy_(snapshot[i]);  // empty: it failed before changing any
     }
-    // Every rank climbs the same rung: the ladder's state is the same on all of them.
+    // Every rank climbs the same rung: the ladder's state is the same on all of them. The rung
+    // answers a pressure vote still pending too (else the retry would halve again).
+    pressure_.clear();
     if (error.empty()) {
       kind = MemoryFailure::out_of_memory;
       error = "out of memory on rank " + text_list(a.failed);
