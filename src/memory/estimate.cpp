@@ -330,7 +330,9 @@ struct BatchSearch {
                      a.estimate.input_buffers(b)
                : -1;
     a.tried.push_back(BatchProbe{b, total, predicted});
-    if (r.fits && predicted > 0) correction = double(total) / double(predicted);
+    // The prediction holds the allocator's overhead (reserved beyond allocated): so does the
+    // measured side of the correction, or it would come out low by that share.
+    if (r.fits && predicted > 0) correction = double(total + r.held_over) / double(predicted);
     return r.fits && total <= a.estimate.usable;
   }
 
