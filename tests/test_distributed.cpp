@@ -179,7 +179,8 @@ TEST(Distributed, OneStepOfTwoRanksIsOneStepOfOneRankWithTwiceTheBatch) {
 }
 
 // train.batch: auto on several ranks: every rank probes, all take the smallest micro-batch any
-// chose, and each loads its share of the nominal batch (9 on 2 ranks: 5 each, a step of 10).
+// chose, and each loads its share of the nominal batch (9 on 2 ranks: 5 each, a step of 10), the
+// share its search is sized for.
 TEST(Distributed, AutoBatchOnTwoRanksTakesOneMicroBatchAndSharesTheStep) {
   const std::string dir = temp_dir("dist-auto-batch");
   const std::string cfg = config_file(dir, exact_run({"project=" + dir + "/runs", "name=auto", "train.steps=2", "train.val_every=0",
@@ -191,6 +192,15 @@ TEST(Distributed, AutoBatchOnTwoRanksTakesOneMicroBatchAndSharesTheStep) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("train\\.batch auto: micro-batch ([0-9]+) under"))) << r.output;
   EXPECT_LE(std::stoi(m[1]), 5);
+  // Each rank is sized for its share of the step (5 images), not for the whole step of 9.
+  const size_t from = r.output.find("steps tried: "), to = r.output.find("); loader batches", from);
+  ASSERT_NE(to, std::string::npos) << r.output;
+  const std::string tried = r.output.substr(from, to - from);
+  const std::regex size_re("(: |, )([0-9]+)( every stage)?: ");
+  int sizes = 0;
+  for (auto it = std::sregex_iterator(tried.begin(), tried.end(), size_re); it != std::sregex_iterator(); ++it, ++sizes)
+    EXPECT_LE(std::stoi((*it)[2]), 5) << tried;
+  EXPECT_GT(sizes, 0) << tried;
   EXPECT_NE(r.output.find("loader batches of 5 images on each of 2 ranks, each one optimizer step of 10 images (train.nominal_batch 9 "
                           "rounded up to a whole share per rank)"),
             std::string::npos)

@@ -22,9 +22,7 @@ memory::AutoBatch automatic_batch(const Config& c, const std::shared_ptr<const d
     // The smallest choice of any rank; each loads its share of the step's images.
     for (const auto& v : group->all_gather({double(a.batch)}, "the ranks' train.batch auto choice"))
       a.batch = std::min<int64_t>(a.batch, int64_t(v[0]));
-    const int64_t W = group->world();
-    a.step_batch = std::max<int64_t>(1, (a.step_batch + W - 1) / W);
-    a.batch = std::min(a.batch, a.step_batch);
+    a.batch = std::min(a.batch, a.step_batch);  // step_batch: each rank's share, sized as such
   }
   std::string tried;
   for (const memory::BatchProbe& t : a.tried)

@@ -450,8 +450,9 @@ AutoBatch choose_batch(const Config& c, const std::shared_ptr<const data::Split>
   Prober p = make_prober(c, train, monitor, train::resolve_amp(c, monitor.device()), budget);
   const int64_t least = p.min_batch();
   a.estimate = estimate_header(c, p, monitor, budget, world);
-  a.step_batch = a.estimate.step_batch =
-      std::max(least, std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size())));
+  // A rank's share of the step: what its loader batches hold and its micro-batches are cut from.
+  const int64_t step = std::min<int64_t>(c.train.nominal_batch, int64_t(train->samples.size()));
+  a.step_batch = a.estimate.step_batch = std::max(least, (step + world - 1) / std::max<int64_t>(world, 1));
   ModeEstimate plain = probe_mode(p, train::AmpMode::off, configured_ck, {least, least + 1});
   plain.configured = true;
   a.estimate.modes.push_back(plain);

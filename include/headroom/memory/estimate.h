@@ -70,8 +70,9 @@ struct MemoryEstimate {
   size_t stages = 0;         // the model's stages (DetectorImpl::stages())
   int64_t nominal_batch = 0, prefetch = 0;
   // Images per loader batch when it differs from the micro-batch (train.batch: auto loads the
-  // whole step, nominal_batch images, and the governor cuts it into micro-batches); 0 = the
-  // loader batch is the micro-batch and a step accumulates round(nominal / batch) of them.
+  // whole step, nominal_batch images, each rank its share, and the governor cuts it into
+  // micro-batches); 0 = the loader batch is the micro-batch and a step accumulates
+  // round(nominal / batch) of them.
   int64_t step_batch = 0;
   // Host-side batches the loader keeps (prefetch, plus the step's own): counted against the
   // budget on the CPU, whose memory they share; on CUDA they are host memory.
@@ -157,7 +158,7 @@ struct BatchProbe {
 
 struct AutoBatch {
   int64_t batch = 0;             // the micro-batch
-  int64_t step_batch = 0;        // the loader batch: the images of one optimizer step
+  int64_t step_batch = 0;        // the loader batch: a rank's share of one optimizer step's images
   std::vector<BatchProbe> tried;     // in the order taken
   std::vector<BatchOption> options;  // the fitting choices, best first (the first is the one taken)
   std::shared_ptr<RecomputePlanner> planner;  // memory.activation_checkpointing: auto
