@@ -109,8 +109,9 @@ void* CachingCpuAllocator::allocate_block(size_t bytes, size_t n, size_t* block)
     void* base = it->second.base;
     by_age_.erase(it->second.age);
     by_size_.erase(it);
-    cached_.fetch_sub(int64_t(*block));
+    // Up before down: a reader between the two (reserve's check, without the lock) over-counts.
     active_.fetch_add(int64_t(*block));
+    cached_.fetch_sub(int64_t(*block));
     working_set_ = std::max(working_set_, active_.load());
     return base;
   }
@@ -152,10 +153,10 @@ void CachingCpuAllocator::evict_oldest() const {
 
 void CachingCpuAllocator::free_block(void* base, size_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  cached_.fetch_add(int64_t(bytes));  // up before down, as in allocate_block
   active_.fetch_sub(int64_t(bytes));
   const uint64_t age = clock_++;
   by_age_.emplace(age, by_size_.emplace(bytes, Cached{base, age}));
-  cached_.fetch_add(int64_t(bytes));
   // More cached than the largest working set so far is memory no step has needed at once.
   while (cached_.load() > std::max(kCacheOverWorkingSet * working_set_, kMinCache)) evict_oldest();
 }
