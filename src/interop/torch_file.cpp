@@ -94,14 +94,15 @@ class ZipRecords {
   }
 
   bool has(const std::string& name) const { return records_.count(name) > 0; }
-  // The record's bytes, checked against its CRC-32.
+  // The record's bytes, checked against its CRC-32 (unless 0: torch.save writes none under
+  // torch.serialization.set_crc32_options(False), and torch.load reads such files).
   std::pair<const char*, size_t> get(const std::string& name) const {
     const auto it = records_.find(name);
     if (it == records_.end()) throw std::runtime_error("the archive has no record " + name);
     const Record& r = it->second;
     if (r.method != 0) throw std::runtime_error("record " + name + " is compressed; torch.save stores records uncompressed");
     const char* data = bytes_.data() + r.offset;
-    if (crc32(data, size_t(r.size)) != r.crc) throw std::runtime_error("record " + name + " is damaged (CRC-32 mismatch)");
+    if (r.crc != 0 && crc32(data, size_t(r.size)) != r.crc) throw std::runtime_error("record " + name + " is damaged (CRC-32 mismatch)");
     return {data, size_t(r.size)};
   }
 

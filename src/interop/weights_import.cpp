@@ -226,15 +226,22 @@ const Rules& tf_centernet_rules() {
   return rules;
 }
 
-// A TF OD API CenterNet checkpoint in our names and layouts: kernels HWIO -> OIHW; the box
-// scale and offset outputs (TF: height, width and y, x) in our order (w, h and x, y). Keys
-// outside the model (save_counter, the optimizer and its slots) are left out.
+}  // namespace
+
 std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector<std::pair<std::string, at::Tensor>> raw) {
-  static const std::string kPrefix = "model/", kSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
+  static const std::string kPrefix = "model/", kSuffix = "/.ATTRIBUTES/VARIABLE_VALUE", kHeads = "model/_prediction_head_dict/";
   static const std::regex box_output(R"(^head\.(size|offset)\.\d+\.1\.conv\.)");
   std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::string> other_heads;
   for (auto& [key, t] : raw) {
     if (key.rfind(kPrefix, 0) != 0 || key.find("/.OPTIMIZER_SLOT/") != std::string::npos) continue;
+    if (key.rfind(kHeads, 0) == 0) {
+      const std::string head = key.substr(kHeads.size(), key.find('/', kHeads.size()) - kHeads.size());
+      if (head != "object_center" && head != "box.Sscale" && head != "box.Soffset") {
+        other_heads.insert(head);
+        continue;
+      }
+    }
     std::string k = key.substr(kPrefix.size());
     if (k.size() > kSuffix.size() && k.compare(k.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
       k.resize(k.size() - kSuffix.size());
@@ -249,8 +256,13 @@ std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector
     }
     t = at::Tensor();  // the file's copy goes as soon as ours is made
   }
+  if (!other_heads.empty())
+    spdlog::info("the checkpoint's prediction heads {} are not a detection model's: left out, as TF's restore (expect_partial) "
+                 "leaves them", first(std::vector<std::string>(other_heads.begin(), other_heads.end())));
   return out;
 }
+
+namespace {
 
 // A TF OD API CenterNet checkpoint (the prefix of its .index and .data files).
 void read_tf_centernet_weights(ImportedWeights& w, const std::string& prefix, bool shapes_only) {

@@ -42,6 +42,13 @@ struct ImportedWeights {
 // the architecture); other formats are read whole either way.
 ImportedWeights read_imported_weights(const std::string& path, bool shapes_only = false);
 
+// A TF OD API CenterNet checkpoint's tensors (read_tf_checkpoint) in our names and layouts:
+// kernels HWIO -> OIHW; the box scale and offset outputs (TF: height, width and y, x) in our
+// order (w, h and x, y). Keys outside the model (save_counter, the optimizer and its slots) are
+// left out, and so are prediction heads other than a detector's (a keypoint checkpoint's
+// human_pose/*, as TF's restore with expect_partial leaves them).
+std::vector<std::pair<std::string, at::Tensor>> tf_centernet_tensors(std::vector<std::pair<std::string, at::Tensor>> raw);
+
 // The file's name for each of the model's parameters and buffers ({ours, theirs}).
 std::vector<std::pair<std::string, std::string>> file_names(models::DetectorImpl& model, Naming naming);
 
