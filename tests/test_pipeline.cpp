@@ -160,6 +160,12 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
        {0, 4, 8, 9, 100, 4999}, {0.1, 0.5, 0.9, 1.0, 0.0, 0.0}},
       {"cosine-hold", "cosine_decay_learning_rate {\n learning_rate_base: 1.0\n total_steps: 120\n warmup_learning_rate: 0.1\n warmup_steps: 9\n hold_base_rate_steps: 20\n }\n }\n",
        {0, 4, 8, 9, 10, 29, 30, 50, 70, 120}, {0.1, 0.5, 0.9, 1.0, 1.0, 1.0, 0.999702, 0.874255, 0.577365, 0.0}},
+      // Warmup to total_steps (TF's rate at total_steps itself is 0 / 0, NaN; left out), and a hold
+      // past total_steps: TF's rate is 0 after total_steps whatever the phase.
+      {"cosine-all-warmup", "cosine_decay_learning_rate {\n learning_rate_base: 1.0\n total_steps: 10\n warmup_learning_rate: 0.1\n warmup_steps: 10\n }\n }\n",
+       {0, 5, 9, 11}, {0.1, 0.55, 0.91, 0.0}},
+      {"cosine-long-hold", "cosine_decay_learning_rate {\n learning_rate_base: 1.0\n total_steps: 20\n warmup_learning_rate: 0.1\n warmup_steps: 10\n hold_base_rate_steps: 15\n }\n }\n",
+       {0, 5, 9, 10, 19, 20, 21, 100}, {0.1, 0.55, 0.91, 1.0, 1.0, 1.0, 0.0, 0.0}},
       {"exponential", "exponential_decay_learning_rate {\n initial_learning_rate: 1.0\n decay_steps: 3\n decay_factor: 0.1\n burnin_learning_rate: 0.5\n burnin_steps: 2\n min_learning_rate: 0.05\n }\n }\n",
        {0, 1, 2, 3, 4, 5, 6, 7, 8}, {.5, .5, 1, 1, 1, .1, .1, .1, .05}},
       {"exponential-smooth", "exponential_decay_learning_rate {\n initial_learning_rate: 1.0\n decay_steps: 2\n decay_factor: 0.25\n staircase: false\n }\n }\n",
@@ -195,9 +201,9 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   EXPECT_DOUBLE_EQ(sgd.train.clip_grad, 5.0);
   // TF's own refusals, with their lines.
   const std::string e = test::input_error_of([&] {
-    interop::load_config_file(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 10\n }\n }\n"}}));
+    interop::load_config_file(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 11\n }\n }\n"}}));
   });
-  EXPECT_NE(e.find("total_steps 10 leaves no steps to decay after warmup_steps 10"), std::string::npos) << e;
+  EXPECT_NE(e.find("total_steps 10 is less than warmup_steps 11"), std::string::npos) << e;
   EXPECT_NE(e.find("warmup_learning_rate exceeds learning_rate_base"), std::string::npos) << e;
   // The focal loss's exponents: one left out (0 in the OD API), or another value, is refused.
   for (const char* focal : {"          beta: 4.0\n", "          alpha: 2.0\n          beta: 3.0\n"}) {

@@ -162,11 +162,12 @@ void check_combinations(const Config& c, std::vector<std::string>& problems) {
   if (t.schedule == "exponential" && t.decay_every < 1)
     problems.push_back(c.where("train.schedule") + ": train.schedule: exponential needs train.decay_every, the optimizer "
                        "steps per decay_factor (e.g. decay_every: 1000, decay_factor: 0.95)");
-  // An OD API warmup precedes the decay: the decay needs steps after it.
+  // An OD API warmup and hold precede the decay, which ends at schedule_steps (at their end at the
+  // earliest: the rate then drops to lr0 * lrf at once, as TF's cosine does after total_steps).
   const int64_t before = (t.warmup == "ultralytics" ? 0 : t.warmup_steps) + t.hold_steps;
-  if (t.schedule_steps > 0 && t.schedule_steps <= before)
+  if (t.schedule_steps > 0 && t.schedule_steps < before)
     problems.push_back(c.where("train.schedule_steps") + ": train.schedule_steps " + std::to_string(t.schedule_steps) +
-                       " must exceed the warmup and hold before the decay (" + std::to_string(before) + " steps)");
+                       " ends the decay before the warmup and hold that precede it (" + std::to_string(before) + " steps)");
 }
 
 void check_augment(const Config& c, std::vector<std::string>& problems) {

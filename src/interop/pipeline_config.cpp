@@ -267,15 +267,19 @@ void map_learning_rate(const At& lr, Mapper& m) {
     const auto& cd = l.cosine_decay_learning_rate();
     if (cd.learning_rate_base() < cd.warmup_learning_rate())
       m.problem(s.line("warmup_learning_rate"), "warmup_learning_rate exceeds learning_rate_base (TF refuses it too)");
-    if (uint64_t(cd.warmup_steps()) + cd.hold_base_rate_steps() >= cd.total_steps())
-      m.problem(s.line("total_steps"), "total_steps " + std::to_string(cd.total_steps()) +
-                " leaves no steps to decay after warmup_steps " + std::to_string(cd.warmup_steps()) + " and hold_base_rate_steps " +
-                std::to_string(cd.hold_base_rate_steps()));
+    if (cd.total_steps() < uint64_t(cd.warmup_steps()))
+      m.problem(s.line("total_steps"), "total_steps " + std::to_string(cd.total_steps()) + " is less than warmup_steps " +
+                std::to_string(cd.warmup_steps()) + " (TF refuses it too: total_steps must be larger or equal to warmup_steps)");
+    // TF's rate is 0 after total_steps, a hold reaching past it included: the hold ends there.
+    const uint64_t hold = std::min<uint64_t>(cd.hold_base_rate_steps(), cd.total_steps() >= uint64_t(cd.warmup_steps())
+                                                                            ? cd.total_steps() - uint64_t(cd.warmup_steps()) : 0);
     m.set("train.lr0", yaml_number(cd.learning_rate_base()), s.line("learning_rate_base"), "cosine_decay_learning_rate");
     m.set("train.schedule", "cosine", s.line("learning_rate_base"), "cosine_decay_learning_rate");
     m.set("train.lrf", "0", s.line("learning_rate_base"), "cosine_decay_learning_rate (down to 0)");
     m.set("train.schedule_steps", std::to_string(cd.total_steps()), s.line("total_steps"), "cosine_decay_learning_rate total_steps");
-    m.set("train.hold_steps", std::to_string(cd.hold_base_rate_steps()), s.line("hold_base_rate_steps"), "cosine_decay_learning_rate hold_base_rate_steps");
+    m.set("train.hold_steps", std::to_string(hold), s.line("hold_base_rate_steps"),
+          hold < uint64_t(cd.hold_base_rate_steps()) ? "cosine_decay_learning_rate hold_base_rate_steps (to total_steps, after which TF's rate is 0)"
+                                                     : "cosine_decay_learning_rate hold_base_rate_steps");
     m.set("train.warmup", "linear", s.line("warmup_steps"), "cosine_decay_learning_rate warmup");
     m.set("train.warmup_steps", std::to_string(cd.warmup_steps()), s.line("warmup_steps"), "cosine_decay_learning_rate warmup_steps");
     m.set("train.warmup_lr", yaml_number(cd.warmup_learning_rate()), s.line("warmup_learning_rate"), "cosine_decay_learning_rate warmup_learning_rate");
