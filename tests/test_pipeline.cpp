@@ -115,6 +115,12 @@ TEST(Pipeline, FieldsHeadroomCannotRunAreListedWithTheirLines) {
   });
   EXPECT_NE(e.find("fine_tune_checkpoint_type 'classification': CenterNet restores 'detection'"), std::string::npos) << e;
   EXPECT_NE(e.find("fine_tune_checkpoint_version V1"), std::string::npos) << e;
+  // 2020 configs' 'fine_tune' is TF's 'detection' now: the refusal says so.
+  e = test::input_error_of([&] {
+    interop::load_config_file(pipeline_with("pipeline-fine-tune", {{"fine_tune_checkpoint_type: \"detection\"", "fine_tune_checkpoint_type: \"fine_tune\""}}));
+  });
+  EXPECT_NE(e.find("'fine_tune' is what TF now calls 'detection'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pipeline.config:"), std::string::npos) << e;
   // An Ultralytics .pt there brings its YOLO (model.init_from's rule): a center_net pipeline refuses it.
   const std::string yolo = std::string(HEADROOM_SOURCE_DIR) + "/tests/fixtures/interop/ul_yolo11t.pt";
   const std::string with_yolo = pipeline_with("pipeline-yolo-ckpt", {{"pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0", yolo}});

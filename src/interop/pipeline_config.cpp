@@ -406,7 +406,9 @@ void map_fine_tune_checkpoint(const At& train, const tf::TrainConfig& t, Mapper&
     else
       m.problem(train.line(t.has_fine_tune_checkpoint_type() ? "fine_tune_checkpoint_type" : "fine_tune_checkpoint"),
                 "fine_tune_checkpoint_type '" + type + "': CenterNet restores 'detection' (the feature extractor) or 'full' "
-                "(the whole model); TF takes an empty type as 'classification', which the hourglass refuses");
+                "(the whole model)" + (type == "fine_tune" ? std::string("; 'fine_tune' is what TF now calls 'detection' (it refuses "
+                "'fine_tune' too): write fine_tune_checkpoint_type: \"detection\"") : type.empty() ? "; TF takes an empty type as "
+                "'classification', which the hourglass refuses" : ""));
     if (t.fine_tune_checkpoint_version() != tf::V2)
       m.problem(train.line("fine_tune_checkpoint_version"), "fine_tune_checkpoint_version V1 (a TF1 name-based checkpoint): "
                 "Headroom reads TF2 object-based checkpoints; give fine_tune_checkpoint_version: V2 with a TF2 checkpoint");
