@@ -352,6 +352,13 @@ TEST(Interop, DamagedFilesNameTheFileAndTheFault) {
   const ImportedWeights plain = read_imported_weights(fixture("ul_yolov8t.pt")), unchecked = read_imported_weights(dir + "/no_crc.pt");
   ASSERT_EQ(plain.tensors.size(), unchecked.tensors.size());
   for (size_t i = 0; i < plain.tensors.size(); ++i) EXPECT_TRUE(at::equal(plain.tensors[i].second, unchecked.tensors[i].second));
+  // a protocol 0 number in the object's pickle that is not one: named with its pickle byte
+  const std::string magic = std::string("\x80\x02\x8a\x0a", 4) + std::string("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10) + ".";
+  test::write_bytes(dir + "/text.pth", magic + std::string("\x80\x02M\xe9\x03.", 6) + std::string("\x80\x02}q\x00.", 6) + "(dp0\nS'a'\nI12x\ns.");
+  e = thrown([&] { read_imported_weights(dir + "/text.pth"); });
+  EXPECT_NE(e.find("text.pth"), std::string::npos) << e;
+  EXPECT_NE(e.find("'12x' is not an integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("pickle byte"), std::string::npos) << e;
   // legacy format cut inside its raw storages
   const std::string legacy = test::read_bytes(fixture("centernet_hg_t_legacy.pth"));
   test::write_bytes(dir + "/cut.pth", legacy.substr(0, legacy.size() - 1000));

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "headroom/core/text.h"
+
 namespace headroom::interop {
 
 namespace {
@@ -69,6 +71,20 @@ class Unpickler {
  private:
   [[noreturn]] void fail(const std::string& why) const {
     throw std::runtime_error("pickle byte " + std::to_string(p_ - begin_) + ": " + why);
+  }
+  // Protocol 0's numbers are text: a damaged one is named with its byte, not std::stoll's word.
+  int64_t text_int(const std::string& s) const {
+    if (const auto v = parse_int(s)) return *v;
+    fail("'" + s + "' is not an integer (a damaged file?)");
+  }
+  double text_real(const std::string& s) const {
+    if (const auto v = parse_double(s)) return *v;
+    fail("'" + s + "' is not a number (a damaged file?)");
+  }
+  uint64_t text_index(const std::string& s) const {
+    const int64_t v = text_int(s);
+    if (v < 0) fail("a negative memo index");
+    return uint64_t(v);
   }
   void need(size_t n) const {
     if (size_t(end_ - p_) < n) fail("the pickle ends early (truncated file?)");
@@ -297,14 +313,14 @@ class Unpickler {
           b->boolean = s == "01";
           stack_.push_back(b);
         } else {
-          stack_.push_back(make_int(std::stoll(s)));
+          stack_.push_back(make_int(text_int(s)));
         }
         break;
       }
       case 'L': {
         std::string s = line();
         if (!s.empty() && s.back() == 'L') s.pop_back();
-        stack_.push_back(make_int(std::stoll(s)));
+        stack_.push_back(make_int(text_int(s)));
         break;
       }
       case 'J': stack_.push_back(make_int(little<int32_t>())); break;
@@ -319,7 +335,7 @@ class Unpickler {
       }
       case 'F': {
         PyRef v = make(Kind::real);
-        v->real = std::stod(line());
+        v->real = text_real(line());
         stack_.push_back(v);
         break;
       }
@@ -396,11 +412,11 @@ class Unpickler {
         break;
       }
       case 0x91: stack_.push_back(list(pop_to_mark())); break;  // FROZENSET
-      case 'p': memo_[uint64_t(std::stoull(line()))] = top(); break;
+      case 'p': memo_[text_index(line())] = top(); break;
       case 'q': memo_[u8()] = top(); break;
       case 'r': memo_[little<uint32_t>()] = top(); break;
       case 0x94: memo_[memo_.size()] = top(); break;
-      case 'g': stack_.push_back(memo_get(std::stoull(line()))); break;
+      case 'g': stack_.push_back(memo_get(text_index(line()))); break;
       case 'h': stack_.push_back(memo_get(u8())); break;
       case 'j': stack_.push_back(memo_get(little<uint32_t>())); break;
       case 'c': {
