@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
@@ -152,8 +153,26 @@ TEST(Config, EveryKeyIsDocumentedWithItsDefault) {
     const size_t at = doc.find(row);
     ASSERT_NE(at, std::string::npos) << k.path << " is missing from docs/config.md";
     const std::string line = doc.substr(at, doc.find('\n', at) - at);
+    // Its columns: key, type, default, allowed, meaning. The default is the cell itself; the allowed
+    // values are the schema's (its " | " written ", "), maybe followed by a note.
+    std::vector<std::string> cells;
+    for (size_t from = 2, bar; cells.size() < 4 && (bar = line.find(" | ", from)) != std::string::npos; from = bar + 3)
+      cells.push_back(line.substr(from, bar - from));
+    ASSERT_EQ(cells.size(), 4u) << line;
     const std::string shown = k.default_text.empty() ? "`\"\"`" : "`" + k.default_text + "`";
-    EXPECT_NE(line.find(shown), std::string::npos) << k.path << ": docs/config.md does not give the default " << shown;
+    EXPECT_EQ(cells[2], shown) << k.path << ": docs/config.md gives the default " << cells[2];
+    // One notation for both: " | " and " or " as ", ", 1e+06 as 1e6, 1048576 and above as 2^20.
+    const auto notation = [](std::string a) {
+      for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{" | ", ", "}, {" or ", ", "}, {"e+0", "e"}, {"e+", "e"}})
+        for (size_t at; (at = a.find(from)) != std::string::npos;) a.replace(at, from.size(), to);
+      for (int p = 62; p >= 20; --p) {
+        const std::string n = std::to_string(int64_t{1} << p);
+        for (size_t at; (at = a.find(n)) != std::string::npos;) a.replace(at, n.size(), "2^" + std::to_string(p));
+      }
+      return a;
+    };
+    const std::string allowed = notation(k.allowed), documented = notation(cells[3]);
+    EXPECT_EQ(documented.rfind(allowed, 0), 0u) << k.path << ": docs/config.md allows '" << cells[3] << "', the schema '" << k.allowed << "'";
   }
   // And every key the table documents is one: a row left behind by a renamed key is a lie.
   std::set<std::string> keys;

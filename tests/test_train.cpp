@@ -921,10 +921,11 @@ TEST(Train, InputOnASideStreamTrainsAsOnTheComputeStream) {
 TEST(Train, StepsOnCudaNeverSyncTheHost) {
   if (!query_cuda().available) GTEST_SKIP() << "no CUDA device: " << query_cuda().reason;
   const c10::Device cuda(c10::kCUDA, 0);
-  // The optimizers without a fused kernel (MuSGD, RMSprop) update in place, skipped by the device's flag.
+  // The optimizers without a fused kernel (MuSGD, RMSprop) update in place, skipped by the device's flag;
+  // SGD (the default, with its warmup momentum) and Adam run the fused kernels.
   for (const auto& [model, optimizer] : std::vector<std::pair<std::string, std::string>>{
            {"yolov8.yaml", "auto"}, {"yolo26.yaml", "auto"}, {"yolov5n.yaml", "auto"}, {"centernet_csp.yaml", "auto"},
-           {"yolo26.yaml", "musgd"}, {"yolov8.yaml", "rmsprop"}}) {
+           {"yolo26.yaml", "musgd"}, {"yolov8.yaml", "rmsprop"}, {"yolov8.yaml", "sgd"}, {"yolov8.yaml", "adam"}}) {
     // the eager steps (a graph's replays: StepGraph.ReplaysNeverSyncTheHost)
     const Config c = load_config("", tiny_run({"device=cuda", "train.log_every=1000", "train.steps=1000", "augment.mosaic=1",
                                                "augment.fliplr=0.5", "augment.hsv_v=0.4", "augment.scale=0.5", "train.cuda_graphs=off",

@@ -227,8 +227,8 @@ std::vector<ConfigKey> build_schema() {
       // model
       string_key("model.file", [](Config& c) -> std::string& { return c.model.file; }, "a model YAML",
                  "Architecture in the Ultralytics model-YAML format; models/ holds yolov5n..x.yaml, "
-                 "yolov8.yaml (scales n..x) and centernet_*.yaml. A missing yolov8s.yaml means scale s "
-                 "of yolov8.yaml.", check_nonempty),
+                 "yolov8.yaml, yolo11.yaml, yolo12.yaml, yolo26.yaml (scales n..x) and centernet_*.yaml. A "
+                 "missing yolov8s.yaml means scale s of yolov8.yaml.", check_nonempty),
       string_key("model.scale", [](Config& c) -> std::string& { return c.model.scale; }, "n | s | m | l | x or empty",
                  "Scale of a file with a scales table; empty = from the file name, else the file's first."),
       bool_key("model.channels_last", [](Config& c) -> bool& { return c.model.channels_last; },
@@ -477,7 +477,7 @@ std::vector<ConfigKey> build_schema() {
                  "libjpeg-turbo scale still as large as the canvas, area interpolation when shrinking (the training "
                  "path). source: full-scale decoding and a bilinear resize, as Ultralytics' predictor and validator, "
                  "YOLOv5's detect.py and the TF OD API prepare inputs. auto: source for weights made by another "
-                 "framework (an Ultralytics .pt, a TF checkpoint), fast for Headroom's own. Validation during "
+                 "framework (an Ultralytics or YOLOv5 .pt, a CenterNet .pth), fast for Headroom's own. Validation during "
                  "training takes the fast path."),
       bool_key("eval.end2end", [](Config& c) -> bool& { return c.eval.end2end; },
                "An end-to-end head (YOLO26): true, its one-to-one branch, whose top-k scores are the detections "
