@@ -81,6 +81,19 @@ TEST(Models, ParameterCountsEqualTheReference) {
   EXPECT_EQ(build("yolov8n.yaml", 80)->parameter_count(true), 3157200 - 16);  // the frozen DFL projection
 }
 
+// Ultralytics 8.4 scales every row's width, one as wide as the class count included: yolov8n
+// for 64 classes has its 16-channel stem (8.3 kept 64 there, as ultralytics/yolov5 keeps a row
+// as wide as its Detect's output).
+TEST(Models, WidthScalingDoesNotSpareARowAsWideAsTheClassCount) {
+  const Detector d = build("yolov8n.yaml", 64);
+  ASSERT_FALSE(d->layers().empty());
+  EXPECT_EQ(d->layers()[0].args.rfind("[3, 16, 3, 2", 0), 0u) << d->layers()[0].args;
+  const Detector eighty = build("yolov8n.yaml", 80);
+  ASSERT_EQ(d->layers().size(), eighty->layers().size());
+  for (size_t i = 0; i + 1 < d->layers().size(); ++i)  // every row but Detect is the 80-class model's
+    EXPECT_EQ(d->layers()[i].args, eighty->layers()[i].args) << "row " << i;
+}
+
 TEST(Models, GflopsAsUltralyticsReportsThem) {
   const std::vector<std::pair<std::string, double>> expected = {
       {"n", 8.9}, {"s", 28.8}, {"m", 79.3}, {"l", 165.7}, {"x", 258.5}};

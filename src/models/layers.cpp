@@ -68,7 +68,14 @@ std::vector<int64_t> RowContext::integers(size_t i, std::vector<int64_t> fallbac
 }
 
 int64_t RowContext::scaled(int64_t c) const {
-  if (c == nc) return c;
+  // ultralytics/yolov5 keeps a row as wide as its Detect's output (anchors x (nc + 5)) unscaled;
+  // Ultralytics 8.4 scales every row but Classify's (8.3 and earlier kept c == nc, which built a
+  // full-width stem for 64 classes).
+  if (anchors && anchors.IsDefined() && !anchors.IsNull()) {
+    const int64_t na = anchors.IsScalar() ? parse_int(anchors.Scalar()).value_or(0)
+                       : anchors.IsSequence() && anchors.size() > 0 ? int64_t(anchors[0].size() / 2) : 0;
+    if (na > 0 && c == na * (nc + 5)) return c;
+  }
   const double v = double(std::min(c, max_channels)) * width;
   return static_cast<int64_t>(std::ceil(v / 8.0)) * 8;
 }

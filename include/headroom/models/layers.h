@@ -46,7 +46,8 @@ struct RowContext {
   bool boolean(size_t i, bool fallback) const;
   std::string text(size_t i, const std::string& fallback) const;
   std::vector<int64_t> integers(size_t i, std::vector<int64_t> fallback) const;
-  // Ultralytics width scaling: make_divisible(min(c, max_channels) * width, 8), except for nc.
+  // Ultralytics width scaling: make_divisible(min(c, max_channels) * width, 8); YOLOv5 files
+  // (anchors) keep anchors x (nc + 5) as it is.
   int64_t scaled(int64_t c) const;
 };
 
