@@ -94,6 +94,17 @@ TEST(Models, WidthScalingDoesNotSpareARowAsWideAsTheClassCount) {
     EXPECT_EQ(d->layers()[i].args, eighty->layers()[i].args) << "row " << i;
 }
 
+// Ultralytics' autopad pads an even kernel by half of it (a 2x2 convolution keeps one more row and
+// column), and C2PSA narrower than one 64-channel head builds with one head, as Ultralytics builds it.
+TEST(Models, EvenKernelsAndNarrowAttentionBuildAsUltralyticsBuildsThem) {
+  Conv two(ConvOptions(3, 8, 2));
+  EXPECT_EQ(two->forward(at::zeros({1, 3, 8, 8})).sizes(), (at::IntArrayRef{1, 8, 9, 9}));
+  Conv three(ConvOptions(3, 8, 3));
+  EXPECT_EQ(three->forward(at::zeros({1, 3, 8, 8})).sizes(), (at::IntArrayRef{1, 8, 8, 8}));
+  C2PSA narrow(64, 1, 0.5);  // 32 channels inside
+  EXPECT_EQ(narrow->forward(at::randn({1, 64, 4, 4})).sizes(), (at::IntArrayRef{1, 64, 4, 4}));
+}
+
 TEST(Models, GflopsAsUltralyticsReportsThem) {
   const std::vector<std::pair<std::string, double>> expected = {
       {"n", 8.9}, {"s", 28.8}, {"m", 79.3}, {"l", 165.7}, {"x", 258.5}};

@@ -19,7 +19,8 @@ FlopCounter::FlopCounter() : previous_(g_flop_counter) { g_flop_counter = this; 
 FlopCounter::~FlopCounter() { g_flop_counter = previous_; }
 
 ConvBnImpl::ConvBnImpl(const ConvBnOptions& o) : options(o) {
-  const int64_t pad = o.padding() >= 0 ? o.padding() : o.dilation() * (o.kernel() - 1) / 2;
+  // Ultralytics' autopad: half the effective kernel, rounded down (1 for a 2x2 kernel).
+  const int64_t pad = o.padding() >= 0 ? o.padding() : (o.dilation() * (o.kernel() - 1) + 1) / 2;
   conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in(), o.out(), o.kernel())
                                                         .stride(o.stride())
                                                         .padding(pad)
@@ -186,7 +187,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const at::Tensor& q = qkv_[0];  // [B, heads, key_dim, N]
   const at::Tensor& k = qkv_[1];  // [B, heads, key_dim, N]
   const at::Tensor& v = qkv_[2];  // [B, heads, head_dim, N]
-  const at::Tensor attn = (at::matmul(q.transpose(-2, -1), k) * scale).softmax(-1);  // [B, heads, N, N]
+  // q scaled first, as Ultralytics does: the unscaled product is what overflows in fp16.
+  const at::Tensor attn = at::matmul((q * scale).transpose(-2, -1), k).softmax(-1);  // [B, heads, N, N]
   const at::Tensor y = at::matmul(v, attn.transpose(-2, -1)).view({B, C, H, W}) + pe->forward(v.reshape({B, C, H, W}));
   return proj->forward(y);
 }
@@ -204,7 +206,7 @@ at::Tensor PSABlockImpl::forward(const at::Tensor& x) {
 C2PSAImpl::C2PSAImpl(int64_t c1, int64_t n, double e) : c(static_cast<int64_t>(double(c1) * e)) {
   cv1 = register_module("cv1", Conv(ConvOptions(c1, 2 * c, 1, 1)));
   cv2 = register_module("cv2", Conv(ConvOptions(2 * c, c1, 1)));
-  for (int64_t i = 0; i < n; ++i) m->push_back(PSABlock(c, c / 64));
+  for (int64_t i = 0; i < n; ++i) m->push_back(PSABlock(c, std::max<int64_t>(c / 64, 1)));  // Ultralytics: one head at least
   register_module("m", m);
 }
 

@@ -311,8 +311,6 @@ void add_attention_and_pooling(Registry& r) {
     const int64_t c1 = c.channels[0], c2 = c.scaled(c.integer(0, 0)), n = c.repeats;
     const double e = c.number(1, 0.5);
     if (c1 != c2) c.fail("C2PSA keeps its channels: input " + std::to_string(c1) + ", output " + std::to_string(c2));
-    if (int64_t(double(c1) * e) < 64)
-      c.fail("C2PSA needs at least 64 channels per attention head (" + std::to_string(int64_t(double(c1) * e)) + " here); widen the scale");
     RowContext once = c;
     once.repeats = 1;
     return sequential_row(once, c2, 1, "[" + std::to_string(c1) + ", " + std::to_string(c2) + ", " + std::to_string(n) + "]",
