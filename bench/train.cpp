@@ -93,6 +93,7 @@ struct Timing {
     for (size_t i = 0; i < kNumPhases; ++i) p[kPhases[i]] = phase[i] / double(std::max<int64_t>(steps, 1));
     j["phase_s"] = std::move(p);
     j["outside_steps_s"] = std::max(0.0, wall_seconds - steps_seconds);
+    j["img_per_s_end_to_end"] = wall_seconds > 0 ? double(images) / wall_seconds : 0.0;  // the epochs' ends included
     j["epoch_boundaries"] = boundaries;
     j["epoch_boundary_s"] = boundaries > 0 ? boundary_seconds / double(boundaries) : 0.0;
     j["epoch_boundary_data_s"] = boundaries > 0 ? boundary_data_seconds / double(boundaries) : 0.0;  // of which the loader's wait
