@@ -173,12 +173,12 @@ if want peers; then
       data.imgsz="${pv[1]}" train.batch="${pv[3]}" train.nominal_batch="${pv[3]}" train.epochs="${pv[5]}" data.workers="${pv[7]}" \
       train.warmup_epochs=0 augment.close_mosaic=0 train.plots=false project=/tmp/headroom-runs name=v8e2e exist_ok=true > /tmp/train_v8e2e.log 2>&1
     rc=$?
-    e2e_wall=$(echo "$(date +%s.%N) - $e2e_t0" | bc)
+    e2e_wall=$(awk -v a="$e2e_t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.0f", b - a}')
     keep_lines /tmp/train_v8e2e.log
     cp /tmp/train_v8e2e.log /tmp/headroom-runs/v8e2e/results.csv "$RES/" 2>/dev/null
     e2e=$(awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == "time/epoch_s") c = i} NR > 2 && c {s += $c; n++}
       END {if (n && s > 0) printf "%.1f", n * imgs / s}' imgs=$(( n_v8 * 4 / 5 )) /tmp/headroom-runs/v8e2e/results.csv 2>/dev/null)
-    status "headroom e2e" "rc=$rc; epochs 2-4 end to end ${e2e:-?} img/s; run ${e2e_wall%.*} s; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_v8e2e.log | tr '\n' ';' | cut -c1-160) $(grep -o 'AP50-95 [0-9.]* AP50 [0-9.]*' /tmp/train_v8e2e.log | tail -1)"
+    status "headroom e2e" "rc=$rc; epochs 2-4 end to end ${e2e:-?} img/s; run $e2e_wall s; $(grep -o '[0-9]* steps in [0-9:]* ([0-9.]* img/s' /tmp/train_v8e2e.log | tr '\n' ';' | cut -c1-160) $(grep -o 'AP50-95 [0-9.]* AP50 [0-9.]*' /tmp/train_v8e2e.log | tail -1)"
     rm -rf /tmp/headroom-runs/v8e2e/weights
     peer "ultralytics e2e" ultralytics --data $v8syn/data.yaml "${pv[@]}" --warmup-epochs 0
     peer "ultralytics step" ultralytics-step "${pv8[@]}" "${ps[@]}"
