@@ -128,6 +128,20 @@ TEST(Cli, DataPreviewDrawsAugmentedBatches) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(Json::parse(r.output, "stdout").find("mosaic")->as_bool(), mosaic) << "epoch " << epoch;
   }
+  // --out over an input: the config, the data YAML, a training image, or into an image folder
+  // (the next scan would train on the grid). Each was written over; each is refused, untouched.
+  const std::string data = test::copy_of_small_synth("cli-preview-data"), data_dir = fs::path(data).parent_path().string();
+  const std::string image = (*fs::directory_iterator(data_dir + "/images/train")).path().string();
+  const std::string config_text = test::read_bytes(cfg), image_bytes = test::read_bytes(image);
+  for (const auto& [out, says] : std::vector<std::pair<std::string, std::string>>{
+           {cfg, "is the config"}, {data, "is the data YAML"}, {image, "is the image"}, {data_dir + "/images/train/grid.jpg", "is inside"}}) {
+    r = test::run_trainer("data preview --config " + cfg + " data.dataset=" + data + " --out " + out);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--out " + out + " " + says), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(test::read_bytes(cfg), config_text);
+  EXPECT_EQ(test::read_bytes(image), image_bytes);
+  EXPECT_FALSE(fs::exists(data_dir + "/images/train/grid.jpg"));
   test::write_bytes(cfg, "data: {dataset: " + test::small_synth() + "}\naugment: {random_crop_image: {min_area: 2}}\n");
   r = test::run_trainer("data preview --config " + cfg);
   EXPECT_EQ(r.exit_code, 2);
@@ -328,6 +342,15 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/drawn/img.jpg") && fs::exists(dir + "/drawn/img_2.jpg")) << r.output;
   EXPECT_EQ(test::read_bytes(dir + "/same/s1/img.jpg"), original);
+  // An earlier predict's folder is written again; a folder of other files is refused, untouched.
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same --save-dir " + dir + "/drawn device=cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  fs::create_directories(dir + "/mine");
+  test::write_bytes(dir + "/mine/img.jpg", "my own picture");
+  r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same --save-dir " + dir + "/mine device=cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds files of its own"), std::string::npos) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/mine/img.jpg"), "my own picture");
   // A folder inside a folder source: the next run would read the drawn images as input.
   r = test::run_trainer("predict --weights " + pt + " --source " + dir + "/same --save-dir " + dir + "/same/s1/pred device=cpu");
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -131,6 +131,12 @@ TEST(Overfit, TinyCenterNet) {
   ASSERT_EQ(v.exit_code, 0) << v.output;
   const Json stats = Json::parse(v.output.substr(v.output.find('{')), "stdout");
   EXPECT_NEAR(stats.find("AP50")->as_number(), r.ap50, 1e-6);
+  // --save-json over the config it read is refused before the pass, the config untouched.
+  const std::string run_yaml = test::read_bytes(dir + "/run.yaml");
+  v = test::run_trainer("val --config " + dir + "/run.yaml --split train --weights " + r.weights + " --save-json " + dir + "/run.yaml threads=1");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("--save-json " + dir + "/run.yaml is the config"), std::string::npos) << v.output;
+  EXPECT_EQ(test::read_bytes(dir + "/run.yaml"), run_yaml);
   v = test::run_trainer("val --gt " + dir + "/results_gt.json --results " + dir + "/results.json --json");
   ASSERT_EQ(v.exit_code, 0) << v.output;
   EXPECT_NEAR(Json::parse(v.output, "stdout").find("AP50")->as_number(), r.ap50, 1e-6);

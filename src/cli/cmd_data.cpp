@@ -133,6 +133,7 @@ void add_preview(CLI::App& data, int& exit_code) {
     const Config c = load_run_config(config_path, overrides);
     if (c.data.dataset.empty()) throw InputError(config_path + ": data.dataset is not set; the preview draws its train split");
     if (batches < 1) throw InputError("--batches must be at least 1");
+    if (epoch < 0) throw InputError("--epoch must be 0 or more (the first epoch is 0)");
     const DeviceChoice device = resolve_device(c.device, query_cuda());
     if (!device.warning.empty()) spdlog::warn("{}", device.warning);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));
@@ -154,6 +155,7 @@ void add_preview(CLI::App& data, int& exit_code) {
         const fs::path p(out);
         path = (p.parent_path() / (p.stem().string() + "_" + std::to_string(i + 1) + p.extension().string())).string();
       }
+      check_output_path(path, "--out", config_path, c, split.get());
       train::plot_batch(seen, split->names, path);
       boxes_in += batch->counts.sum().item<int64_t>();
       boxes_out += seen.counts.sum().item<int64_t>();

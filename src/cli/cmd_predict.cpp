@@ -101,6 +101,11 @@ void add_predict_command(CLI::App& app, int& exit_code) {
       if (folder && !src_ec && !dst_ec && !src.empty() && std::mismatch(src.begin(), src.end(), dst.begin(), dst.end()).first == src.end())
         throw InputError("--save-dir " + save_dir + " is inside --source " + source + ", which is read with its subfolders: a "
                          "later run would take the drawn images for input; give a folder outside it");
+      // Into a folder of the user's own files, drawn images and predictions.json would replace
+      // theirs by name; an earlier predict's folder (its predictions.json there) is written again.
+      if (fs::is_directory(save_dir, ec) && !fs::is_empty(save_dir, ec) && !fs::exists(fs::path(save_dir) / "predictions.json", ec))
+        throw InputError("--save-dir " + save_dir + " holds files of its own, which drawn images of the same names would replace; give "
+                         "a new or empty folder (or leave --save-dir out: runs/predict, predict2, ...)");
     }
     const Config c = load_run_config(config_path, overrides);
     const c10::Device device = run_device(c);

@@ -80,6 +80,12 @@ void add_val_command(CLI::App& app, int& exit_code) {
       throw InputError(weights + ": the model has " + std::to_string(w.model->info().nc) + " classes but " + c.data.dataset +
                        " has " + std::to_string(split->names.size()) + "; validate on the data set it was trained for");
     check_classes(weights, w.info.names, *split);
+    if (!save_json.empty()) {  // before the pass: a path that would replace an input is refused at once
+      check_output_path(save_json, "--save-json", config_path, c, split.get());
+      if (split->source.format != data::SplitSource::Format::coco)
+        check_output_path(std::filesystem::path(save_json).replace_extension("").string() + "_gt.json", "--save-json's ground truth",
+                          config_path, c, split.get());
+    }
     const eval::ValidationResult r = eval::validate(
         *w.model, split, eval::validate_options(c, *split, w.model->info(), device, eval::input_preprocess(c, w.info.framework)));
     eval::check_some_decoded(r, *split);

@@ -11,6 +11,10 @@
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
 
+namespace headroom::data {
+struct Split;
+}
+
 namespace headroom::cli {
 
 void add_version_command(CLI::App& app, int& exit_code);
@@ -34,6 +38,13 @@ c10::Device run_device(const Config& c);
 // The process's command line as main() received it (argv[0] first): `--nproc` starts it again.
 const std::vector<std::string>& program_args();
 void set_program_args(std::vector<std::string> args);
+
+// Refuses an output path (given by `flag`) that is one of the command's inputs: the config, the
+// data YAML, a split's annotations, list or record file, an image or label file of `split`, or a
+// path inside a folder the split lists (the next scan would take the file for an image).
+// InputError naming both and the fix. `split` may be null.
+void check_output_path(const std::string& out, const std::string& flag, const std::string& config_path, const Config& c,
+                       const data::Split* split);
 
 // Prints a JSON document on stdout (one line when `compact`).
 void print_json(const Json& j);
