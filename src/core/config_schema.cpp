@@ -222,8 +222,9 @@ std::vector<ConfigKey> build_schema() {
                  "cannot be met exits with code 2.", check_device),
       auto_int_key("threads", [](Config& c) -> AutoInt& { return c.threads; }, 1, 1024,
                    "Intra-op CPU threads for LibTorch; auto = all cores."),
+      // 2^53 - 1 at most: the run's config.yaml and checkpoints hold numbers as doubles.
       int_key<int64_t>("seed", [](Config& c) -> int64_t& { return c.seed; }, 0,
-                       (int64_t{1} << 62), "Seed for shuffling and every random choice."),
+                       (int64_t{1} << 53) - 1, "Seed for shuffling and every random choice."),
       // model
       string_key("model.file", [](Config& c) -> std::string& { return c.model.file; }, "a model YAML",
                  "Architecture in the Ultralytics model-YAML format; models/ holds yolov5n..x.yaml, "
