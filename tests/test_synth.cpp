@@ -50,6 +50,18 @@ TEST(Synth, ReusesItsOwnFolderAndRefusesForeignOnes) {
   const SynthSummary s = synthesize(bigger);
   EXPECT_FALSE(s.reused);
   EXPECT_EQ(s.train_images + s.val_images, 14);
+  // An image deleted since, or a synth.json edited by hand, makes the set again (it was taken as
+  // it was, and a missing count crashed).
+  const auto first_val = *fs::directory_iterator(fs::path(out) / "images" / "val");
+  fs::remove(first_val.path());
+  const SynthSummary again = synthesize(bigger);
+  EXPECT_FALSE(again.reused);
+  EXPECT_TRUE(fs::exists(first_val.path()));
+  std::string json = test::read_bytes(out + "/synth.json");
+  json.replace(json.find("\"train_images\""), 14, "\"train_imagez\"");
+  test::write_bytes(out + "/synth.json", json);
+  EXPECT_FALSE(synthesize(bigger).reused);
+  EXPECT_TRUE(synthesize(bigger).reused);
 
   const std::string foreign = test::temp_dir("synth-foreign");
   test::write_bytes(foreign + "/precious.txt", "keep me");

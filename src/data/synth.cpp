@@ -227,11 +227,23 @@ bool reuse_or_clear_existing(const SynthOptions& o, const fs::path& out, const s
                      "refusing to write into it (choose an empty or new --out)");
   if (ours && fs::exists(out / "synth.json")) {
     const Json done = read_json_file((out / "synth.json").string());
-    if (const Json* opts = done.find("options"); opts && opts->dump() == wanted) {
+    const auto count = [&](const char* key) {
+      const Json* v = done.find(key);
+      return v && v->is_number() ? static_cast<int64_t>(v->as_number()) : int64_t{-1};
+    };
+    const auto files_in = [&](const char* split) {  // an image deleted since: the set is made again
+      int64_t n = 0;
+      std::error_code e;
+      for (auto it = fs::directory_iterator(out / "images" / split, e); !e && it != fs::directory_iterator(); it.increment(e)) ++n;
+      return n;
+    };
+    const Json* opts = done.find("options");
+    if (opts && opts->dump() == wanted && count("boxes") >= 0 && count("train_images") == files_in("train") &&
+        count("val_images") == files_in("val")) {
       summary.reused = true;
-      summary.train_images = static_cast<int64_t>(done.find("train_images")->as_number());
-      summary.val_images = static_cast<int64_t>(done.find("val_images")->as_number());
-      summary.boxes = static_cast<int64_t>(done.find("boxes")->as_number());
+      summary.train_images = count("train_images");
+      summary.val_images = count("val_images");
+      summary.boxes = count("boxes");
       return true;
     }
   }
