@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,7 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
+#include "headroom/interop/pipeline_config.h"
 #include "test_util.h"
 
 using namespace headroom;
@@ -115,6 +117,24 @@ TEST(Config, SyntaxErrorsAndMissingFiles) {
   EXPECT_NE(load_error(path).find("YAML syntax error"), std::string::npos);
   EXPECT_NE(load_error("/nonexistent/c.yaml").find("/nonexistent/c.yaml: cannot open the config file"), std::string::npos);
   EXPECT_NE(load_error(write_config("- a\n- b\n")).find("must be a mapping"), std::string::npos);
+  // A second document after --- went unread: its keys were silently dropped.
+  const std::string two = write_config("train:\n  batch: 2\n---\ntrain:\n  epochs: 3\n");
+  EXPECT_NE(load_error(two).find(two + ": holds 2 YAML documents"), std::string::npos) << load_error(two);
+  EXPECT_EQ(load_config(write_config("---\ntrain:\n  batch: 2\n")).train.batch, 2);  // one document, marked
+}
+
+// A config given through a pipe (bash's <(...)) is read once: sniffed as a TF pipeline.config
+// first, it was then parsed from an empty pipe and the defaults ran.
+TEST(Config, AConfigReadFromAPipeIsReadOnce) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string text = "train:\n  batch: 3\n";
+  ASSERT_EQ(::write(fds[1], text.data(), text.size()), ssize_t(text.size()));
+  ::close(fds[1]);
+  const std::string path = "/dev/fd/" + std::to_string(fds[0]);
+  const Config c = interop::load_config_file(path);
+  ::close(fds[0]);
+  EXPECT_EQ(c.train.batch, 3);
 }
 
 TEST(Config, DeviceAndNamesAreChecked) {

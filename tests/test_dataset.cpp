@@ -234,6 +234,19 @@ TEST(DataYaml, MistakesNameFileLineAndFix) {
   EXPECT_NE(yaml_error("train: {coco: a.json}\nnames: [x]\n").find("needs both keys"), std::string::npos);
 }
 
+// yaml-cpp answers a key given twice with its first value: a data YAML's second 'train' (or a
+// class id given twice) was dropped without a word.
+TEST(Dataset, AKeyOrAClassIdGivenTwiceIsRefused) {
+  const std::string yaml = test::copy_of_small_synth("data-twice");
+  const std::string dir = fs::path(yaml).parent_path().string();
+  test::write_bytes(dir + "/twice.yaml", "path: .\ntrain: images/train\ntrain: images/val\nval: images/val\nnames: [circle, square, triangle, cross]\n");
+  std::string e = test::input_error_of([&] { read_data_yaml(dir + "/twice.yaml"); });
+  EXPECT_NE(e.find(dir + "/twice.yaml:3:1: 'train' is given twice (first at " + dir + "/twice.yaml:2:1)"), std::string::npos) << e;
+  test::write_bytes(dir + "/ids.yaml", "path: .\ntrain: images/train\nval: images/val\nnames: {0: circle, 1: square, 1: triangle, 2: cross}\n");
+  e = test::input_error_of([&] { read_data_yaml(dir + "/ids.yaml"); });
+  EXPECT_NE(e.find("class id 1 is given twice in names"), std::string::npos) << e;
+}
+
 TEST(Dataset, ConfigPointsAtTheSplit) {
   const Config c = load_config("", {"data.dataset=" + test::small_synth(), "data.workers=2"});
   EXPECT_EQ(load_split(c, "val").samples.size(), 6u);

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -168,10 +170,24 @@ void copy_file_atomic(const std::string& from, const std::string& to) {
 }
 
 std::string read_file(const std::string& path) {
+  // A pipe (a config given as <(...)) gives its bytes once: what it gave is kept for the next
+  // reader, or the config sniffed first as a pipeline.config would then read as empty.
+  static std::mutex mutex;
+  static std::map<std::string, std::string> pipes;
+  std::error_code ec;
+  const bool pipe = fs::is_fifo(path, ec) || fs::is_character_file(path, ec);
+  if (pipe) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = pipes.find(path); it != pipes.end()) return it->second;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open the file (does it exist, is it readable?)");
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (pipe) {
+    std::lock_guard<std::mutex> lock(mutex);
+    pipes[path] = ss.str();
+  }
   return ss.str();
 }
 

@@ -1,8 +1,10 @@
 #include "headroom/core/yaml_file.h"
 
 #include <filesystem>
+#include <vector>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/files.h"
 
 namespace headroom {
 
@@ -12,10 +14,19 @@ std::string yaml_location(const std::string& file, const YAML::Mark& mark) {
 
 YAML::Node load_yaml_file(const std::string& path, const std::string& what) {
   if (std::filesystem::is_directory(path)) throw InputError(path + ": a folder, not the " + what + " (give the YAML file in it)");
+  std::string text;
   try {
-    return YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
+    text = read_file(path);  // once: a pipe read again would be empty
+  } catch (const InputError&) {
     throw InputError(path + ": cannot open the " + what + " (does it exist, is it readable?)");
+  }
+  try {
+    // Several documents (a second after ---) would leave all but the first unread.
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw InputError(path + ": holds " + std::to_string(docs.size()) + " YAML documents (a '---' or '...' line ends one); the " + what +
+                       " is one document, and the others would go unread: merge them into the first");
+    return docs.empty() ? YAML::Node() : docs.front();
   } catch (const YAML::ParserException& e) {
     throw InputError(yaml_location(path, e.mark) + ": YAML syntax error: " + e.msg);
   }

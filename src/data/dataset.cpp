@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "headroom/core/errors.h"
@@ -113,7 +114,8 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
       const auto id = kv.first.IsScalar() ? parse_int(kv.first.Scalar()) : std::nullopt;
       if (!id || *id < 0 || !kv.second.IsScalar())
         throw InputError(at(file, kv.first) + ": names as a map is {0: name, 1: name, ...}");
-      by_id[*id] = kv.second.Scalar();
+      if (!by_id.emplace(*id, kv.second.Scalar()).second)
+        throw InputError(at(file, kv.first) + ": class id " + std::to_string(*id) + " is given twice in names; give each id once");
     }
     int64_t expect = 0;
     for (const auto& [id, name] : by_id) {
@@ -127,6 +129,10 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
     throw InputError(at(file, n) + ": names must be a list [a, b] or a map {0: a, 1: b}");
   }
   if (names.empty()) throw InputError(at(file, n) + ": names is empty; list the class names");
+  for (size_t i = 0; i < names.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (names[i] == names[j])
+        spdlog::warn("{}: classes {} and {} are both named '{}': results and plots will not tell them apart", at(file, n), j, i, names[i]);
   return names;
 }
 
@@ -180,8 +186,11 @@ DataSpec read_data_yaml(const std::string& path) {
   }
   static const std::set<std::string> known = {"path", "train", "val", "test", "names", "nc", "label_map"};
   static const std::set<std::string> ignored = {"download", "kpt_shape", "flip_idx", "channels", "yaml_file"};
+  std::map<std::string, std::string> seen;  // yaml-cpp answers root[key] with the first of two
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
+    if (const auto [it, fresh] = seen.emplace(key, at(path, kv.first)); !fresh)
+      throw InputError(at(path, kv.first) + ": '" + key + "' is given twice (first at " + it->second + "); keep one");
     if (!known.count(key) && !ignored.count(key))
       spdlog::warn("{}: key '{}' is not used by Headroom and is ignored", at(path, kv.first), key);
   }
