@@ -305,6 +305,9 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   EXPECT_NE(r.output.find("--out " + dir + "/m2.safetensors names a .safetensors file but --format is onnx"), std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir + "/m2.safetensors"));
+  r = test::run_trainer("export --weights " + pt + " --out " + dir + "/m3.safetensors --dynamic");  // accepted, then ignored
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--dynamic is an ONNX option"), std::string::npos) << r.output;
   r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/nodir/m.safetensors");
   EXPECT_EQ(r.exit_code, 1) << r.output;  // the folder is named, not the temporary file
   EXPECT_NE(r.output.find(dir + "/nodir/m.safetensors: cannot create it: its folder " + dir + "/nodir does not exist"),

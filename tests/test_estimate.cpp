@@ -456,6 +456,11 @@ TEST(Memory, BudgetAndAllocatorKeysParseAndRoundTrip) {
   auto monitor = cpu_monitor();
   EXPECT_THROW(memory::resolve_budget(MemoryBudgetSpec{MemoryBudgetSpec::Kind::bytes, 1e18}, *monitor), InputError);
   EXPECT_GT(memory::resolve_budget(MemoryBudgetSpec{}, *monitor), 0);
+  // A share that resolves to nothing was 0 bytes, which is no limit at all (probes then grew
+  // without end); infinity printed as a negative size.
+  EXPECT_THROW(memory::resolve_budget(MemoryBudgetSpec{MemoryBudgetSpec::Kind::fraction, 1e-300}, *monitor), InputError);
+  EXPECT_THROW(load_config("", {"memory.budget=inf"}), InputError);
+  EXPECT_FALSE(parse_bytes("infGiB").has_value());
 }
 
 // Allocated is what the tensors hold; reserved adds the blocks the allocator caches, which

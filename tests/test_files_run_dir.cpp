@@ -126,6 +126,12 @@ TEST(RunDir, PicksAFreshNameUnlessReuseIsAsked) {
   EXPECT_EQ(create_run_dir(project, "exp", false), project + "/exp2");
   EXPECT_EQ(create_run_dir(project, "exp", false), project + "/exp3");
   EXPECT_EQ(create_run_dir(project, "exp", true), project + "/exp");
+  // A file of the name is passed over as a folder is; a file as the project or the reused run
+  // folder is the user's input, said so (exit code 2), not an I/O error.
+  test::write_bytes(project + "/file", "");
+  EXPECT_EQ(create_run_dir(project, "file", false), project + "/file2");
+  EXPECT_NE(test::input_error_of([&] { create_run_dir(project, "file", true); }).find("a file is there"), std::string::npos);
+  EXPECT_NE(test::input_error_of([&] { create_run_dir(project + "/file", "exp", false); }).find("the project is a file"), std::string::npos);
 }
 
 // One holder at a time, named to the next; released with its owner, as the kernel releases a

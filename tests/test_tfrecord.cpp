@@ -398,6 +398,9 @@ TEST(TfRecord, ATfRecordSetTrainsAndValidates) {
   test::RunResult r = test::run_trainer("data convert --from " + test::small_synth() + " --to tfrecord --shards 2 --out " + dir +
                                         "/rec --json > " + dir + "/convert.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const test::RunResult yolo_shards = test::run_trainer("data convert --from " + test::small_synth() + " --to yolo --shards 4 --out " + dir + "/y");
+  EXPECT_EQ(yolo_shards.exit_code, 2) << yolo_shards.output;  // was accepted and ignored
+  EXPECT_NE(yolo_shards.output.find("--shards 4 is for --to tfrecord"), std::string::npos) << yolo_shards.output;
   test::write_bytes(dir + "/a-file", "");  // --out naming a file: said so, not a filesystem error
   const test::RunResult onto_file = test::run_trainer("data convert --from " + test::small_synth() + " --to yolo --out " + dir + "/a-file");
   EXPECT_EQ(onto_file.exit_code, 2) << onto_file.output;

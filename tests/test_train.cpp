@@ -295,6 +295,11 @@ TEST(Train, ResumeHonoursProjectAndNameFromTheCommandLine) {
   r = test::run_trainer("train --resume " + dir + "/p/n/weights/last.pt name=other");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("continues the run in"), std::string::npos) << r.output;
+  // `trainer --resume=W` is `trainer train --resume W`, and a spaced override names its key as
+  // the config loader reads it (device may change on resume).
+  r = test::run_trainer("--resume=" + dir + "/p/n/weights/last.pt \"device =cpu\"");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/p/n/weights/last.pt"), std::string::npos) << r.output;
 }
 
 // A checkpoint of an earlier format (before the registry: its training state is not this one's)

@@ -29,7 +29,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
                   "[B, 4 + nc, A], for the runtime's NMS")
       ->capture_default_str();
   cmd->add_option("--out,-o", out, "Output file (default: beside the weights, with the format's extension)");
-  cmd->callback([&exit_code, format_opt] {
+  cmd->callback([&exit_code, format_opt, cmd] {
     // -o model.safetensors alone means that format; a format the name contradicts is refused.
     const std::string ext = fs::path(out).extension().string();
     if (ext == ".onnx" || ext == ".safetensors") {
@@ -38,6 +38,10 @@ void add_export_command(CLI::App& app, int& exit_code) {
         throw InputError("--out " + out + " names a ." + ext.substr(1) + " file but --format is " + format +
                          ": give --out a ." + format + " name, or drop --format");
     }
+    if (format == "safetensors")  // the graph's options mean nothing to a weights file
+      for (const char* onnx_only : {"--dynamic", "--imgsz", "--batch", "--max-det", "--end2end"})
+        if (cmd->get_option(onnx_only)->count() > 0)
+          throw InputError(std::string(onnx_only) + " is an ONNX option; a safetensors export holds the weights only (drop it, or --format onnx)");
     models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
     const std::string target = out.empty() ? fs::path(weights).replace_extension("." + format).string() : out;
     std::error_code ec;

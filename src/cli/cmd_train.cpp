@@ -31,7 +31,8 @@ const std::set<std::string> kResumableKeys = {"device", "threads", "data.workers
 // its own directory.
 const std::set<std::string> kRunLocation = {"project", "name"};
 
-std::string key_of(const std::string& override_text) { return override_text.substr(0, override_text.find('=')); }
+// The key of key=value, as the config loader reads it (spaces around it dropped).
+std::string key_of(const std::string& override_text) { return std::string(trim(override_text.substr(0, override_text.find('=')))); }
 
 // The checkpoint's own config (so the run continues as it started) in the run directory it
 // lives in, plus the allowed overrides.

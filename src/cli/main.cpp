@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   // `trainer --config C ...` means `trainer train --config C ...`.
   std::vector<std::string> args(argv + 1, argv + argc);
   cli::set_program_args(std::vector<std::string>(argv, argv + argc));
-  if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume"))
+  if (!args.empty() && (args[0] == "--config" || args[0] == "-c" || args[0].rfind("--config=", 0) == 0 || args[0] == "--resume" || args[0].rfind("--resume=", 0) == 0))
     args.insert(args.begin(), "train");
   std::vector<std::string> names;  // the commands, for a word that is none of them
   for (const CLI::App* sub : app.get_subcommands(std::function<bool(CLI::App*)>([](CLI::App*) { return true; })))

@@ -18,19 +18,24 @@ namespace fs = std::filesystem;
 
 std::string create_run_dir(const std::string& project, const std::string& name, bool exist_ok) {
   std::error_code ec;
+  if (fs::exists(project, ec) && !fs::is_directory(project, ec))
+    throw InputError(project + ": the project is a file, not a folder; give project=<a folder>");
   fs::create_directories(project, ec);
-  if (ec) throw Error(project + ": cannot create the project folder: " + ec.message());
+  if (ec) throw InputError(project + ": cannot create the project folder: " + ec.message() + "; give project=<a folder you can write>");
   fs::path dir = fs::path(project) / name;
   if (exist_ok) {
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+      throw InputError(dir.string() + ": a file is there, not a run folder; give another name=");
     fs::create_directories(dir, ec);
     if (ec) throw Error(dir.string() + ": cannot create the run folder: " + ec.message());
     return dir.string();
   }
-  // create_directory is atomic: two runs started together never share a folder.
+  // create_directory is atomic: two runs started together never share a folder. A file of the
+  // name is passed over, as a folder is.
   for (int n = 1; n < 100000; ++n) {
     dir = fs::path(project) / (n == 1 ? name : name + std::to_string(n));
     if (fs::create_directory(dir, ec)) return dir.string();
-    if (ec) throw Error(dir.string() + ": cannot create the run folder: " + ec.message());
+    if (ec && !fs::exists(dir)) throw Error(dir.string() + ": cannot create the run folder: " + ec.message());
   }
   throw Error(project + ": no free run name for '" + name + "'");
 }

@@ -106,7 +106,7 @@ std::optional<double> parse_bytes(std::string_view text) {
       break;
     }
   const std::optional<double> v = parse_double(number);
-  if (!v || !(*v >= 0)) return std::nullopt;
+  if (!v || !(*v >= 0) || !std::isfinite(*v * scale)) return std::nullopt;  // inf is no size
   return *v * scale;
 }
 

@@ -134,7 +134,9 @@ ConvertSummary convert_data(const ConvertOptions& o) {
   if (fs::exists(out, ec) && !fs::is_directory(out, ec)) throw InputError(o.out + ": a file is there; give a new folder");
   if (fs::exists(out, ec) && !fs::is_empty(out, ec))
     throw InputError(o.out + ": the output folder is not empty; give a new one (nothing there is overwritten)");
-  if (o.shards < 1) throw InputError("--shards must be at least 1");
+  if (o.shards < 1 || o.shards > 99999) throw InputError("--shards must be in 1 .. 99999 (the shard names hold five digits)");
+  if (o.shards > 1 && o.to != DataFormat::tfrecord)
+    throw InputError("--shards " + std::to_string(o.shards) + " is for --to tfrecord (record files per split); a YOLO or COCO set has none");
   fs::create_directories(out, ec);
   if (ec) throw InputError(o.out + ": cannot create the output folder: " + ec.message());
 

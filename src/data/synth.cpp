@@ -206,7 +206,7 @@ void check_options(const SynthOptions& o) {
   if (o.size < 32 || o.size > 8192) bad("--size must be 32 .. 8192 pixels");
   if (o.classes < 1 || o.classes > static_cast<int>(synth_shape_names().size())) bad("--classes must be 1 .. 6");
   if (o.max_objects < 1 || o.max_objects > 1000) bad("--max-objects must be 1 .. 1000");
-  if (o.val_fraction < 0 || o.val_fraction >= 1) bad("--val-fraction must be in [0, 1)");
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1)) bad("--val-fraction must be in [0, 1)");  // NaN too
   if (o.quality < 1 || o.quality > 100) bad("--quality must be 1 .. 100");
   if (!(o.min_object > 0 && o.min_object <= o.max_object && o.max_object <= 0.9))
     bad("--min-object and --max-object must satisfy 0 < min <= max <= 0.9 (fractions of the short side)");

@@ -63,7 +63,13 @@ int64_t resolve_budget(const MemoryBudgetSpec& spec, const MemoryMonitor& monito
   const int64_t capacity = monitor.capacity();
   switch (spec.kind) {
     case MemoryBudgetSpec::Kind::automatic: return monitor.available();
-    case MemoryBudgetSpec::Kind::fraction: return int64_t(spec.value * double(capacity));
+    case MemoryBudgetSpec::Kind::fraction: {
+      const int64_t bytes = int64_t(spec.value * double(capacity));
+      if (bytes < (int64_t(1) << 20))  // 0 would mean no limit at all
+        throw InputError("memory.budget " + std::to_string(spec.value) + " of " + monitor.device().str() + "'s " +
+                         format_bytes(double(capacity)) + " is under 1 MiB; give a larger share, a size, or auto");
+      return bytes;
+    }
     case MemoryBudgetSpec::Kind::bytes:
       if (capacity > 0 && spec.value > double(capacity))
         throw InputError("memory.budget " + format_bytes(spec.value) + " is more than " + monitor.device().str() + " has (" +
