@@ -608,6 +608,8 @@ TEST(Augment, ConfigTakesBothVocabulariesAndNamesBadFields) {
   std::string e = error("augment:\n  random_crop_image:\n    min_ara: 0.3\n");
   EXPECT_NE(e.find("bad.yaml:2:3"), std::string::npos) << e;
   EXPECT_NE(e.find("unknown field 'min_ara' (line 3); did you mean 'min_area'?"), std::string::npos) << e;
+  e = error("augment:\n  random_crop_image: {min_area: 0.3, min_area: 0.5}\n");  // the second was taken silently
+  EXPECT_NE(e.find("min_area (line 2) is given twice"), std::string::npos) << e;
   e = error("augment:\n  random_adjust_hue: {max_delta: 2}\n");
   EXPECT_NE(e.find("max_delta (line 2): value 2 is out of range"), std::string::npos) << e;
   e = error("augment:\n  fliplr: 0.5\n  random_horizontal_flip: {}\n");

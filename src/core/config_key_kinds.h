@@ -229,11 +229,14 @@ ConfigKey op_key(std::string path, F enabled, std::vector<ConfigKey> fields, std
       return "";
     }
     if (!n.IsNull() && !n.IsMap()) return "expected true, false or a mapping of " + join(names, ", ") + ", got " + node_kind(n);
+    std::vector<std::string> given;
     if (n.IsMap())
       for (const auto& kv : n) {
         const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "";
         const auto it = std::find(names.begin(), names.end(), name);
         const std::string line = "line " + std::to_string(kv.first.Mark().line + 1);
+        if (std::find(given.begin(), given.end(), name) != given.end()) return name + " (" + line + ") is given twice; keep one";
+        given.push_back(name);
         if (it == names.end()) {
           const std::string near = nearest_match(name, names);
           return "unknown field '" + name + "' (" + line + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
