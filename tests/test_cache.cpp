@@ -130,6 +130,29 @@ TEST(Cache, ProcessesOpeningOneShardTogetherBuildItOnce) {
   EXPECT_TRUE(fs::exists(fs::path(o.shard_path).parent_path() / ".train.64.hrcache.lock"));
 }
 
+// A process that waited for another's build and finds no shard after it (that build was not
+// kept: a full disk, an unreadable image) reads images directly instead of building again: W
+// ranks would otherwise decode the set one after another, past the exchanges' timeout.
+TEST(Cache, AWaiterWhoseBuildWasNotKeptReadsImagesDirectly) {
+  const auto split = scan_train(test::copy_of_small_synth("cache-not-kept"));
+  const CacheOptions o = disk_at_64(*split);
+  const fs::path shard(o.shard_path);
+  auto holder = std::make_unique<FileLock>((shard.parent_path() / ("." + shard.filename().string() + ".lock")).string(), false);
+  ASSERT_EQ(holder->state(), FileLock::State::held);
+  std::unique_ptr<DecodedCache> waited;
+  std::atomic<bool> done{false};
+  std::thread rank([&] {
+    waited = DecodedCache::open(*split, o);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(done);  // waiting for the lock
+  holder.reset();      // the "builder" ends without a shard
+  rank.join();
+  EXPECT_EQ(waited, nullptr);
+  EXPECT_FALSE(fs::exists(shard));
+}
+
 // An image that cannot be read while the shard is built (moved away for a moment, a network file
 // system's hiccup) is not remembered as bad: that shard is not kept, and the next build, with the
 // image back, holds it decoded.

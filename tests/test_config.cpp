@@ -121,6 +121,7 @@ TEST(Config, SyntaxErrorsAndMissingFiles) {
   const std::string two = write_config("train:\n  batch: 2\n---\ntrain:\n  epochs: 3\n");
   EXPECT_NE(load_error(two).find(two + ": holds 2 YAML documents"), std::string::npos) << load_error(two);
   EXPECT_EQ(load_config(write_config("---\ntrain:\n  batch: 2\n")).train.batch, 2);  // one document, marked
+  EXPECT_EQ(load_config(write_config("train:\n  batch: 2\n---\n")).train.batch, 2);    // a trailing --- opens an empty one
 }
 
 // A config given through a pipe (bash's <(...)) is read once: sniffed as a TF pipeline.config

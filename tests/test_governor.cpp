@@ -439,15 +439,27 @@ TEST(Governor, GrowsBackOnlyAfterStepsInARowUnderHalfTheBudget) {
   EXPECT_EQ(v[2].step, 8);
 }
 
+namespace {
+// A governed tiny run of `steps` steps whose allocator counters the test scripts.
+struct ScriptedRun {
+  std::shared_ptr<ScriptedMonitor> monitor = std::make_shared<ScriptedMonitor>();
+  std::unique_ptr<train::Trainer> trainer;
+  memory::Governor* governor = nullptr;
+  ScriptedRun(int64_t steps, const std::string& name) {
+    train::TrainerParts parts = parts_for(load_config("", tiny_run({"train.steps=" + std::to_string(steps)})), temp_dir(name));
+    parts.monitor = monitor;
+    trainer = std::make_unique<train::Trainer>(std::move(parts));
+    governor = govern(*trainer);
+  }
+};
+}  // namespace
+
 TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
-  auto monitor = std::make_shared<ScriptedMonitor>();
-  const Config c = load_config("", tiny_run({"train.steps=6"}));
-  train::TrainerParts parts = parts_for(c, temp_dir("gov-thrash"));
-  parts.monitor = monitor;
-  train::Trainer t(std::move(parts));
-  memory::Governor* g = govern(t);
-  t.register_hook(std::make_unique<Thrash>(*monitor, 2));
-  t.train();
+  ScriptedRun run(6, "gov-thrash");
+  const auto& monitor = run.monitor;
+  const memory::Governor* g = run.governor;
+  run.trainer->register_hook(std::make_unique<Thrash>(*monitor, 2));
+  run.trainer->train();
   // New retries in steps 2 and 3 shrink from step 4; the count starts again, so the retries in
   // steps 4 and 5 shrink once more, from step 6.
   ASSERT_EQ(g->decisions().size(), 2u);
@@ -463,13 +475,9 @@ TEST(Governor, AllocatorRetriesOnConsecutiveStepsShrinkTheMicroBatch) {
 // (scripted here): after the governor recovers from one, a single retry in the next step is not
 // two steps of thrashing and does not shrink the micro-batch again.
 TEST(Governor, TheRetryBehindAnOutOfMemoryErrorIsNotThrashing) {
-  auto monitor = std::make_shared<ScriptedMonitor>();
-  const Config c = load_config("", tiny_run({"train.steps=4"}));
-  train::TrainerParts parts = parts_for(c, temp_dir("gov-oom-retry"));
-  parts.monitor = monitor;
-  train::Trainer t(std::move(parts));
-  memory::Governor* g = govern(t);
-  ScriptedMonitor& m = *monitor;
+  ScriptedRun run(4, "gov-oom-retry");
+  train::Trainer& t = *run.trainer;
+  ScriptedMonitor& m = *run.monitor;
   t.register_hook(std::make_unique<AtPhase>(1, train::StepPhase::input, false, [&m] {
     ++m.stats.alloc_retries;
     memory::CachingCpuAllocator::install().inject_oom_after(200);
@@ -477,7 +485,7 @@ TEST(Governor, TheRetryBehindAnOutOfMemoryErrorIsNotThrashing) {
   t.register_hook(std::make_unique<AtPhase>(2, train::StepPhase::update, false, [&m] { ++m.stats.alloc_retries; }));
   t.train();
   EXPECT_EQ(t.state().step, 4);
-  EXPECT_EQ(actions(*g), std::vector<std::string>{"micro_batch 4 -> 2"});
+  EXPECT_EQ(actions(*run.governor), std::vector<std::string>{"micro_batch 4 -> 2"});
 }
 
 TEST(Governor, GrowsBackAfterAStableStretch) {

@@ -54,7 +54,7 @@ libs="$torch_dir/lib:$(ls -d "$site"/nvidia/*/lib "$site"/nvidia/lib 2>/dev/null
 status gpu "$(head -1 "$RES/gpu.txt")"
 [[ -f .device-bin.tar.gz ]] && { rm -rf .device-bin; tar xzf .device-bin.tar.gz; }  # the carried pack
 # The binaries carry the packing checkout's path (HEADROOM_SOURCE_DIR: models/, the test fixtures).
-src_dir=$(cat .device-bin/source_dir 2>/dev/null || true)
+src_dir=$(cat .device-bin/source_dir 2>/dev/null || strings -n 8 .device-bin/bin/trainer 2>/dev/null | grep -m1 -o '^/[^ ]*/main$' || true)
 [[ -n $src_dir && ! -e $src_dir ]] && mkdir -p "$(dirname "$src_dir")" && ln -s "$PWD" "$src_dir"
 
 if [[ -x .device-bin/bin/trainer ]]; then

@@ -40,17 +40,18 @@ void check_output_path(const std::string& out, const std::string& flag, const st
   const std::string of = " of split '" + split->name + "'";
   if (!split->source.annotations.empty() && o == resolved(split->source.annotations))
     refuse("the COCO annotations " + split->source.annotations + of);
-  for (const data::Sample& s : split->samples)
+  for (const data::Sample& s : split->samples)  // paths as the scan wrote them: no file system call each
     for (const std::string* file : {&s.image, &s.labels})
-      if (!file->empty() && (lexical == fs::absolute(*file).lexically_normal() || o == resolved(*file)))
+      if (!file->empty() && (lexical == fs::path(*file).lexically_normal() || lexical == fs::absolute(*file).lexically_normal()))
         refuse((file == &s.image ? "the image " : "the label file ") + *file + of);
   for (const std::string& entry : split->source.images) {
     const fs::path e = resolved(entry);
     if (o == e) refuse(entry + ", the image list or record file" + of);
+    // A YOLO folder is scanned for image names: an image written there would be trained on.
     std::error_code ec;
-    if (fs::is_directory(e, ec) && inside(o, e))
-      throw InputError(flag + " " + out + " is inside " + entry + ", an image folder" + of + ": the next scan would list the file as " +
-                       "one of its images; give a path outside it");
+    if (split->source.format == data::SplitSource::Format::yolo && data::is_image_name(out) && fs::is_directory(e, ec) && inside(o, e))
+      throw InputError(flag + " " + out + " is inside " + entry + ", an image folder" + of + ": the next scan would list the image as " +
+                       "one of its own; give a path outside it");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -172,13 +173,15 @@ void copy_file_atomic(const std::string& from, const std::string& to) {
 std::string read_file(const std::string& path) {
   // A pipe (a config given as <(...)) gives its bytes once: what it gave is kept for the next
   // reader, or the config sniffed first as a pipeline.config would then read as empty.
+  // Keyed by the pipe itself (device and inode), not its name: /dev/fd/N is reused by later pipes.
   static std::mutex mutex;
-  static std::map<std::string, std::string> pipes;
-  std::error_code ec;
-  const bool pipe = fs::is_fifo(path, ec) || fs::is_character_file(path, ec);
+  static std::map<std::pair<dev_t, ino_t>, std::string> pipes;
+  struct stat st {};
+  const bool pipe = ::stat(path.c_str(), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode));
+  const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
   if (pipe) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = pipes.find(path); it != pipes.end()) return it->second;
+    if (const auto it = pipes.find(id); it != pipes.end()) return it->second;
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open the file (does it exist, is it readable?)");
@@ -186,7 +189,7 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   if (pipe) {
     std::lock_guard<std::mutex> lock(mutex);
-    pipes[path] = ss.str();
+    pipes[id] = ss.str();
   }
   return ss.str();
 }

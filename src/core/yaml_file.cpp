@@ -1,5 +1,6 @@
 #include "headroom/core/yaml_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -23,6 +24,8 @@ YAML::Node load_yaml_file(const std::string& path, const std::string& what) {
   try {
     // Several documents (a second after ---) would leave all but the first unread.
     std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    // A trailing --- opens an empty (null) document: only documents with content count.
+    docs.erase(std::remove_if(docs.begin() + (docs.empty() ? 0 : 1), docs.end(), [](const YAML::Node& d) { return d.IsNull(); }), docs.end());
     if (docs.size() > 1)
       throw InputError(path + ": holds " + std::to_string(docs.size()) + " YAML documents (a '---' or '...' line ends one); the " + what +
                        " is one document, and the others would go unread: merge them into the first");

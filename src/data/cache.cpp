@@ -164,16 +164,22 @@ std::unique_ptr<DecodedCache> DecodedCache::open(const Split& split, const Cache
   const fs::path file(path);
   const std::string lock_path = (file.parent_path() / ("." + file.filename().string() + ".lock")).string();
   std::unique_ptr<FileLock> lock;
+  bool waited = false;
   try {
     lock = std::make_unique<FileLock>(lock_path, false);
     if (lock->state() == FileLock::State::busy) {
       spdlog::info("{}: another process is building this cache shard; waiting for it", path);
       lock = std::make_unique<FileLock>(lock_path, true);
+      waited = true;
     }
   } catch (const Error& e) {  // a read-only data folder: the shard cannot be written there either
     spdlog::debug("{}", e.what());
   }
   if (c->load_shard(path, key)) return c;
+  if (waited) {  // the build it waited for was not kept (disk full, an unreadable image): one try is enough
+    spdlog::warn("data.cache=disk: {} was not kept by the process that built it; reading images directly this run", path);
+    return nullptr;
+  }
   if (!c->write_shard(path, split, o, key)) return nullptr;
   c->rebuilt_ = true;
   return c;

@@ -221,13 +221,13 @@ DataSpec read_data_yaml(const std::string& path) {
 // ---------------------------------------------------------------------------------------
 // Scanning
 
-namespace {
-
-bool is_image_name(const fs::path& p) {
+bool is_image_name(const std::string& path) {
   static const std::set<std::string> exts = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png",
                                              ".tif", ".tiff", ".webp", ".pfm", ".heic", ".gif"};
-  return exts.count(to_lower(p.extension().string())) > 0;
+  return exts.count(to_lower(fs::path(path).extension().string())) > 0;
 }
+
+namespace {
 
 // YOLO image paths of a source: a folder (recursively) or a .txt list.
 void list_images(const std::string& source, const std::string& where, std::vector<std::string>& out,
@@ -238,7 +238,7 @@ void list_images(const std::string& source, const std::string& where, std::vecto
     for (fs::recursive_directory_iterator it(source, fs::directory_options::follow_directory_symlink, ec), end;
          it != end; it.increment(ec)) {
       if (ec) break;
-      if (it->is_regular_file(ec) && is_image_name(it->path())) found.push_back(it->path().string());
+      if (it->is_regular_file(ec) && is_image_name(it->path().string())) found.push_back(it->path().string());
     }
     if (ec) throw InputError(where + ": cannot list " + source + ": " + ec.message());
     std::sort(found.begin(), found.end());

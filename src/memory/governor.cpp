@@ -229,7 +229,6 @@ void Governor::shrink(train::Trainer& t, const std::string& reason, int64_t from
 }
 
 void Governor::after_step(train::Trainer& t) {
-  after_validation(t);  // one inside the epoch (val_every_steps) ran after the last step's hooks
   const std::optional<MemoryStats>& sampled = t.step_memory();
   if (!sampled) return;
   const MemoryStats& s = *sampled;
@@ -291,6 +290,10 @@ void Governor::after_epoch(train::Trainer& t) {
 
 void Governor::before_epoch(train::Trainer& t) {
   after_validation(t);  // the epoch's validation ran after this hook's after_epoch
+}
+
+void Governor::before_step(train::Trainer& t) {
+  after_validation(t);  // one inside the epoch (val_every_steps) ran after the last step's hooks
 }
 
 void Governor::after_validation(train::Trainer& t) {

@@ -110,10 +110,12 @@ class EvalHook : public Hook {
       std::printf("%s", eval::format_coco_stats(*s, t.train_split().names).c_str());
       std::fflush(stdout);
     }
-    // Ultralytics' fitness: 0.1 AP50 + 0.9 AP50-95 picks best.pt.
+    // Ultralytics' fitness: 0.1 AP50 + 0.9 AP50-95 picks best.pt (against an older checkpoint's
+    // AP50-95 best, AP50-95 until it is beaten).
     const double fitness = 0.1 * s->stats[1] + 0.9 * s->stats[0];
-    if (fitness > t.state().best_fitness) {
+    if ((t.state().best_is_ap ? s->stats[0] : fitness) > t.state().best_fitness) {
       t.state().best_fitness = fitness;
+      t.state().best_is_ap = false;
       t.state().best_step = t.state().step;  // the checkpoint writer saves best.pt
     }
   }

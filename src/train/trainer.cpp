@@ -292,7 +292,7 @@ Json Trainer::save_progress() const {
   return Json::object({{"epoch", state_.epoch}, {"batch", state_.batch}, {"step", state_.step}, {"images", state_.images},
                        {"best_fitness", state_.best_fitness}, {"best_step", state_.best_step},
                        {"last_eval_step", state_.last_eval_step}, {"val_batch", state_.val_batch}, {"world", options_.world()},
-                       {"steps_per_epoch", length_.steps_per_epoch},
+                       {"steps_per_epoch", length_.steps_per_epoch}, {"best_is_ap", state_.best_is_ap},
                        {"amp", to_string(amp_)}, {"last_metrics", std::move(metrics)}});
 }
 
@@ -318,16 +318,30 @@ void Trainer::load_progress(const Json& j) {
   state_.step = num("step");
   state_.images = num("images");
   state_.best_fitness = j.find("best_fitness")->as_number();
+  // Before Ultralytics' fitness (no best_is_ap key) the best was AP50-95 alone: the fitness of a
+  // later validation is at least its AP50-95, so it would replace best.pt however it scored.
+  state_.best_is_ap = j.find("best_is_ap") ? j.find("best_is_ap")->as_bool() : true;
   state_.best_step = num("best_step");
   state_.last_eval_step = num("last_eval_step");
   // Another world size can change the steps per epoch (a step of train.batch x world images
   // beyond nominal_batch): the run's steps are renumbered by epoch, or the schedule, the warmup
   // and the run's length would count the old steps against the new total.
-  const int64_t saved_spe = j.find("steps_per_epoch") ? num("steps_per_epoch") : length_.steps_per_epoch;
+  // Checkpoints before the key: the saved world's steps per epoch, as run_length counts them.
+  int64_t saved_spe = length_.steps_per_epoch;
+  if (j.find("steps_per_epoch")) {
+    saved_spe = num("steps_per_epoch");
+  } else if (saved_world != options_.world()) {
+    const int64_t nb = data::Loader::batches_in(int64_t(train_split_->samples.size()), batch() * saved_world,
+                                                loader_->options().drop_last(), loader_->options().min_batch() * saved_world);
+    const int64_t acc = accumulation_steps(options_.nominal_batch(), batch() * saved_world);
+    saved_spe = (nb + acc - 1) / acc;
+  }
   if (saved_spe != length_.steps_per_epoch) {
     const int64_t spe = length_.steps_per_epoch, saved_step = state_.step;
     const int64_t now = state_.epoch * spe + (state_.batch + accumulate() - 1) / accumulate();
-    const auto renumber = [&](int64_t s) { return s == saved_step ? now : (s / saved_spe) * spe + (s % saved_spe) * spe / saved_spe; };
+    const auto renumber = [&](int64_t s) {  // -1: never (no validation yet)
+      return s < 0 ? s : s == saved_step ? now : (s / saved_spe) * spe + (s % saved_spe) * spe / saved_spe;
+    };
     state_.best_step = renumber(state_.best_step);
     state_.last_eval_step = renumber(state_.last_eval_step);
     state_.step = now;

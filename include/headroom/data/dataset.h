@@ -126,6 +126,9 @@ std::vector<Problem> check_image_bytes(const uint8_t* data, size_t size, const u
 // naming the file (and record) when it can no longer be read.
 std::string read_image_bytes(const Sample& s);
 
+// Whether a file name has an extension a YOLO folder scan takes for an image.
+bool is_image_name(const std::string& path);
+
 // A name for the image in reports and results: the example's image/filename for TFRecord data,
 // the file's name otherwise.
 std::string image_name(const Sample& s);

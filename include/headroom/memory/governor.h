@@ -70,6 +70,7 @@ class Governor final : public train::Hook, public train::StepExecutor {
   void before_train(train::Trainer& t) override;
   void after_step(train::Trainer& t) override;
   void before_epoch(train::Trainer& t) override;
+  void before_step(train::Trainer& t) override;
   void after_epoch(train::Trainer& t) override;
   bool on_oom(train::Trainer& t, const c10::Error& e, train::OomSite site) override;
   std::string state_name() const override { return "governor"; }

@@ -75,7 +75,8 @@ struct TrainState {
   int64_t batch = 0;          // next loader batch of the epoch
   int64_t step = 0;           // optimizer steps done
   int64_t images = 0;         // images trained on
-  double best_fitness = -1;   // best val AP .50:.95 so far
+  double best_fitness = -1;   // best val fitness so far (Ultralytics': 0.1 AP50 + 0.9 AP50-95)
+  bool best_is_ap = false;    // resumed from a checkpoint that kept AP50-95 as its best: compared as such until beaten
   int64_t best_step = -1;
   int64_t last_eval_step = -1;
   int64_t val_batch = 0;      // validation batch; 0 = the loader's (the memory governor lowers it)
