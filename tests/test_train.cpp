@@ -129,7 +129,8 @@ TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
       int64_t batch, micro;  // micro 0: the direct executor (each loader batch whole)
     };
     std::vector<std::vector<at::Tensor>> deltas;
-    for (const Cut cut : {Cut{8, 0}, Cut{8, 4}, Cut{8, 2}, Cut{2, 0}, Cut{4, 1}}) {
+    const std::vector<Cut> cuts = {Cut{8, 0}, Cut{8, 4}, Cut{8, 2}, Cut{2, 0}, Cut{4, 1}};
+    for (const Cut cut : cuts) {
       const Config c = load_config("", tiny_run({"train.batch=" + std::to_string(cut.batch), "train.nominal_batch=8", "train.steps=1",
                                                  "train.optimizer=sgd", "train.momentum=0", "train.nesterov=false",
                                                  "train.weight_decay=0", "train.warmup_epochs=0", "train.clip_grad=0",
@@ -155,7 +156,11 @@ TEST(Train, AStepCutIntoPartsEqualsTheWholeStepWithTheRealLosses) {
     for (size_t k = 1; k < deltas.size(); ++k) {
       const double diff = relative_difference(deltas[k], deltas[0]);
       std::printf("%s cut %zu: relative difference %.2e\n", model, k, diff);
-      EXPECT_LE(diff, 5e-5) << model << " cut " << k;
+      // Images one by one run other CPU kernels (LibTorch 2.11's oneDNN at batch 1, on an
+      // AVX-512 CPU), whose rounding can tip a near tie in YOLOv8's top-k assignment: 4.1e-4
+      // there (2.3e-6 with LibTorch 1.13). A part normalised by its own sum instead of the step's
+      // would be off by its share of the step, up to 8x here.
+      EXPECT_LE(diff, cuts[k].micro == 1 ? 1e-3 : 5e-5) << model << " cut " << k;
     }
   }
 }
