@@ -309,13 +309,16 @@ void Governor::after_validation(train::Trainer& t) {
 // images' RAM cache, made at the first validation) comes off the tensors' limit.
 void Governor::take_growth_off(train::Trainer& t, int64_t growth, const MemoryStats& s) {
   if (!t.device().is_cpu() || o_.budget() <= 0) return;
-  if (growth >= o_.budget()) {
-    // No limit is left to give the tensors (one at or under 0 would switch the allocator's check
-    // off, and a negative usable budget would shrink every step): they keep theirs, and the log
-    // says the process is over its budget.
-    spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, past the whole {} budget; "
-                 "the tensors keep their limit of {} and the process is over its budget: raise memory.budget",
-                 format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(s.limit)));
+  if (o_.budget() - growth <= s.allocated) {
+    // The limit left would not hold even the tensors the run holds now (model, EMA, optimizer
+    // state): every allocation would fail and the next step or validation end the run, however
+    // small its batch. The growth (oneDNN's kernels for each new shape, say) is not the tensors'
+    // to give back: they keep their limit, and the log says the process is over its budget.
+    spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, leaving less of the {} budget "
+                 "than the {} of tensors it holds; the tensors keep their limit of {} and the process is over its budget: "
+                 "raise memory.budget",
+                 format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(s.allocated)),
+                 format_bytes(double(s.limit)));
     return;
   }
   other_growth_ = std::max<int64_t>(0, growth);
