@@ -339,6 +339,34 @@ TEST(Augment, TfCropPrunesByTheWindowAndClipBoxesOnlyDecidesTheExtent) {
   }
 }
 
+// Ultralytics' box_candidates (box_min_size, box_max_aspect) runs in its random_perspective, so
+// in every Ultralytics pipeline; TF's options never drop a box for being small: the seed user's
+// TF pipeline trained on 1-px boxes that Headroom dropped.
+TEST(Augment, TfPipelinesKeepEveryBoxWithAnArea) {
+  const Synthetic s = synthetic(4, 2, 64, 5);
+  at::Tensor boxes = at::zeros({4, 2, 4}), classes = at::zeros({4, 2}, at::kLong), crowd = at::zeros({4, 2}, at::kBool);
+  boxes.select(1, 0).copy_(at::tensor({10.0f, 10.0f, 11.0f, 40.0f}));  // 1 x 30 px
+  boxes.select(1, 1).copy_(at::tensor({30.0f, 20.0f, 50.0f, 40.0f}));  // 20 x 20 px
+  const auto kept = [&](const AugmentOptions& o) {
+    const augment::Params p = augment::draw_params(o, inputs(s, 64, 7, false));
+    const at::Tensor keep = augment::warp_boxes(p, o, boxes, classes, crowd).keep;
+    EXPECT_TRUE(keep.select(1, 1).all().item<bool>());
+    return keep.select(1, 0).sum().item<int64_t>();
+  };
+  AugmentOptions tf;
+  tf.random_adjust_brightness.enabled = true;
+  tf.random_horizontal_flip.enabled = true;
+  EXPECT_EQ(kept(tf), 4);
+  AugmentOptions ultralytics;
+  ultralytics.hsv_v = 0.4;
+  ultralytics.fliplr = 0.5;
+  EXPECT_EQ(kept(ultralytics), 0);
+  EXPECT_EQ(kept(AugmentOptions()), 0);  // no augmentation: Ultralytics' RandomPerspective still runs
+  AugmentOptions mixed = tf;  // TF colour with Ultralytics' affine: box_candidates runs
+  mixed.translate = 0.1;
+  EXPECT_EQ(kept(mixed), 0);
+}
+
 // Inputs for n images without boxes whose content is the whole 8 px canvas.
 augment::DrawInputs boxless(int64_t n) {
   augment::DrawInputs d = inputs(synthetic(1, 1, 8, 3), 8);

@@ -175,6 +175,17 @@ at::Tensor visible_bbox(const at::Tensor& q, double size) {
   return at::where(valid.any(-2), at::cat({lo, hi}, -1), at::zeros({1}, q.options()));
 }
 
+// Ultralytics' box_candidates drops boxes under box_min_size or past box_max_aspect in its
+// random_perspective, which every Ultralytics pipeline runs. TF's options prune a box only by
+// what of it a crop keeps: a pipeline of TF options alone keeps a 1-px box, as TF does.
+bool box_candidates_run(const AugmentOptions& o) {
+  const bool ultralytics_geometry = o.mosaic > 0 || o.degrees > 0 || o.translate > 0 || o.scale > 0 || o.shear > 0 || o.perspective > 0;
+  const bool tf = o.random_horizontal_flip.enabled || o.random_vertical_flip.enabled || o.random_crop_image.enabled ||
+                  o.random_absolute_pad_image.enabled || o.random_adjust_hue.enabled || o.random_adjust_brightness.enabled ||
+                  o.random_adjust_contrast.enabled || o.random_adjust_saturation.enabled;
+  return ultralytics_geometry || !tf;
+}
+
 }  // namespace
 
 WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tensor& boxes, const at::Tensor& classes,
@@ -216,8 +227,8 @@ WarpedBoxes warp_boxes(const Params& p, const AugmentOptions& o, const at::Tenso
   const at::Tensor aspect = at::maximum(w / (h + 1e-9), h / (w + 1e-9));
   // Boxes outside the window (x2 <= x1 once clipped to it) show nothing and are dropped.
   const at::Tensor nonempty = (col(in_window, 2) > col(in_window, 0)) & (col(in_window, 3) > col(in_window, 1));
-  const at::Tensor keep = (cls >= 0) & nonempty & (w > o.box_min_size) & (h > o.box_min_size) &
-                          (seen_area / full_area > p.min_visible.unsqueeze(1)) & (aspect < o.box_max_aspect);
+  at::Tensor keep = (cls >= 0) & nonempty & (w > 0) & (h > 0) & (seen_area / full_area > p.min_visible.unsqueeze(1));
+  if (box_candidates_run(o)) keep = keep & (w > o.box_min_size) & (h > o.box_min_size) & (aspect < o.box_max_aspect);
   return {out, cls, at::cat(ws, 1), keep};
 }
 

@@ -147,12 +147,14 @@ std::vector<ConfigKey> augment_keys() {
       num("augment.fill", [](Config& c) -> double& { return c.augment.fill; }, 0, 255,
           "Grey level (0..255) of the area a transform brings in from outside the image."),
       num("augment.box_min_size", [](Config& c) -> double& { return c.augment.box_min_size; }, 0, 1000,
-          "Boxes narrower or lower than this many pixels after the transform are dropped."),
+          "Boxes narrower or lower than this many pixels after the transform are dropped (Ultralytics' box_candidates: "
+          "not in a pipeline of TF options alone, which keeps every box with an area, as TF does)."),
       num("augment.box_min_visible", [](Config& c) -> double& { return c.augment.box_min_visible; }, 0, 1,
           "Boxes keeping less than this share of their transformed area inside the image are dropped "
           "(random_crop_image uses its overlap_thresh)."),
       num("augment.box_max_aspect", [](Config& c) -> double& { return c.augment.box_max_aspect; }, 1, 1e6,
-          "Boxes longer than this many times their width (or the reverse) are dropped."),
+          "Boxes longer than this many times their width (or the reverse) are dropped (as box_min_size, not in a "
+          "pipeline of TF options alone)."),
       flip("augment.random_horizontal_flip", [](Config& c) -> TfFlip& { return c.augment.random_horizontal_flip; },
            "TF OD API: horizontal flip with `probability` (0.5)."),
       flip("augment.random_vertical_flip", [](Config& c) -> TfFlip& { return c.augment.random_vertical_flip; },
