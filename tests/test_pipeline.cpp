@@ -9,6 +9,7 @@
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
 #include "headroom/core/json.h"
+#include "headroom/data/dataset.h"
 #include "headroom/data/pipeline_data.h"
 #include "headroom/interop/pipeline_config.h"
 #include "headroom/data/convert.h"
@@ -298,6 +299,42 @@ TEST(Pipeline, TheOdApisRmsPropRunsAsTfRunsIt) {
   }
 }
 
+// TF opens a relative path against the working directory: the tutorial's layout runs
+// model_main_tf2.py from the project folder with its pipeline in models/m/. Where nothing is
+// there, the pipeline's folder is tried (a pipeline kept beside its data).
+TEST(Pipeline, RelativePathsAreTfsFromTheWorkingDirectory) {
+  const std::string project = test::temp_dir("pipeline-cwd");
+  fs::create_directories(project + "/models/m");
+  fs::create_directories(project + "/annotations");
+  test::write_bytes(project + "/models/m/pipeline.config", users_pipeline());
+  test::write_bytes(project + "/annotations/label_map.pbtxt", "item { id: 1 name: \"thing\" }\n");
+  for (const char* f : {"train.record", "test.record"}) test::write_bytes(project + "/annotations/" + f, "");
+  fs::create_directories(project + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint");
+  test::write_bytes(project + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0.index", "");
+  const fs::path before = fs::current_path();
+  fs::current_path(project);
+  const data::DataSpec from_project = data::read_data_yaml("models/m/pipeline.config");
+  const Config c = interop::load_config_file("models/m/pipeline.config");
+  test::write_bytes(project + "/beside.config", users_pipeline());  // beside annotations/, run from models/
+  fs::current_path(project + "/models");
+  const data::DataSpec beside = data::read_data_yaml(project + "/beside.config");
+  fs::current_path(before);
+  ASSERT_EQ(from_project.splits.size(), 2u);
+  EXPECT_EQ(from_project.splits[0].second.images, std::vector<std::string>{project + "/annotations/train.record"});
+  EXPECT_EQ(from_project.splits[1].second.images, std::vector<std::string>{project + "/annotations/test.record"});
+  EXPECT_EQ(from_project.label_map, project + "/annotations/label_map.pbtxt");
+  EXPECT_EQ(c.model.init_from, project + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0");
+  EXPECT_EQ(beside.splits[0].second.images, std::vector<std::string>{project + "/annotations/train.record"});
+  EXPECT_EQ(beside.label_map, project + "/annotations/label_map.pbtxt");
+  // TF's gfile reads gs://; Headroom says so at the line rather than look for a local "gs:" folder.
+  std::string remote = users_pipeline();
+  remote.replace(remote.find("annotations/train.record"), 24, "gs://bucket/train.record");
+  test::write_bytes(project + "/remote.config", remote);
+  const std::string e = test::input_error_of([&] { data::read_data_yaml(project + "/remote.config"); });
+  EXPECT_NE(e.find(project + "/remote.config:110: gs://bucket/train.record is on a remote file system; Headroom reads local files"),
+            std::string::npos) << e;
+}
+
 // `config convert` writes YAML that loads to the same configuration as the pipeline itself.
 TEST(Pipeline, ConfigConvertWritesTheConfigItMeans) {
   const std::string path = pipeline_with("pipeline-convert", {kNoCheckpoint});
@@ -357,13 +394,21 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   EXPECT_TRUE(fs::exists(dir + "/runs/p/results.csv"));
   EXPECT_TRUE(fs::exists(dir + "/runs/p/weights/last.pt"));
 
-  // num_classes against the label map the records were written with (one class): refused with
-  // the pipeline's line, before anything is written.
+  // num_classes is TF's largest id: more than the map lists is TF's padding (the zoo's COCO map
+  // lists 80 of 90 ids) and loads; fewer than its largest id is refused with the pipeline's line,
+  // before anything is written.
   text.replace(text.find("num_classes: 1"), 14, "num_classes: 2");
   test::write_bytes(dir + "/two.config", text);
-  const test::RunResult two = test::run_trainer("--config " + dir + "/two.config device=cpu threads=1 project=" + dir + "/runs name=two");
+  EXPECT_EQ(data::read_data_yaml(dir + "/two.config").splits.size(), 2u);
+  test::write_bytes(dir + "/annotations/gap.pbtxt", "item { id: 1 name: \"a\" }\nitem { id: 3 name: \"c\" }\n");
+  std::string gap = text;
+  for (size_t at = gap.find("annotations/label_map.pbtxt"); at != std::string::npos; at = gap.find("annotations/label_map.pbtxt"))
+    gap.replace(at, 27, "annotations/gap.pbtxt");
+  test::write_bytes(dir + "/gap.config", gap);
+  const test::RunResult two = test::run_trainer("--config " + dir + "/gap.config device=cpu threads=1 project=" + dir + "/runs name=two");
   EXPECT_EQ(two.exit_code, 2) << two.output;
-  EXPECT_NE(two.output.find(dir + "/two.config:3: num_classes 2 but the label map " + dir + "/annotations/label_map.pbtxt lists 1 classes; make them agree"),
+  EXPECT_NE(two.output.find(dir + "/gap.config:3: num_classes 2 but the label map " + dir + "/annotations/gap.pbtxt has id 3 (" + dir +
+                            "/annotations/gap.pbtxt:2); TF's num_classes is the largest id: make it at least 3"),
             std::string::npos) << two.output;
   EXPECT_FALSE(fs::exists(dir + "/runs/two"));
   text.replace(text.find("num_classes: 2"), 14, "num_classes: 0");

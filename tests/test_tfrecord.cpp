@@ -189,6 +189,28 @@ TEST(TfRecord, DamagedRecordsAreNamedByFileAndByteOffset) {
       << s.problems[0].message;
 }
 
+// A label map of some of the records' classes trains on those: an object of another class is
+// dropped and its image kept, as TF's filter_unrecognized_classes does, whether the record names
+// the class by text (street.jpg's car) or by id alone (park.jpg's car).
+TEST(TfRecord, ObjectsOfClassesTheLabelMapLeavesOutAreDroppedNotTheirImages) {
+  const std::string dir = tf_written_set("tfrecord-subset");
+  test::write_bytes(dir + "/label_map.pbtxt", "item {\n  name: \"/m/01g317\"\n  id: 1\n  display_name: \"person\"\n}\n");
+  const Split s = scan(dir + "/data.yaml", OnError::fail);  // not a problem that skips an image
+  EXPECT_EQ(s.names, std::vector<std::string>{"person"});
+  ASSERT_EQ(s.samples.size(), 3u);
+  EXPECT_EQ(s.samples[0].boxes.size(), 1u);  // street.jpg: its person
+  EXPECT_EQ(s.samples[0].boxes[0].cls, 0);
+  EXPECT_TRUE(s.samples[1].boxes.empty());  // empty.png
+  EXPECT_TRUE(s.samples[2].boxes.empty());  // park.jpg: its one car dropped
+  ASSERT_EQ(s.problems.size(), 2u);
+  for (const auto& p : s.problems) {
+    EXPECT_EQ(p.kind, ProblemKind::unlisted_class);
+    EXPECT_FALSE(p.image_skipped);
+  }
+  EXPECT_NE(s.problems[0].message.find("object 1: class 'car' is not in the label map: dropped"), std::string::npos) << s.problems[0].message;
+  EXPECT_NE(s.problems[1].message.find("object 0: class id 2 is not in the label map: dropped"), std::string::npos) << s.problems[1].message;
+}
+
 // The index of record offsets is written once beside the file (a hidden name no glob over the
 // data matches), read on the next scan, and rebuilt when the file changes.
 TEST(TfRecord, TheIndexIsCachedBesideTheFileAndRebuiltWhenTheFileChanges) {
@@ -235,6 +257,11 @@ TEST(TfRecord, ShardedNamesNeedEveryShard) {
   const std::string star = test::input_error_of([&] { record_files(dir + "/rec/train.record-*", "data.yaml:3"); });
   EXPECT_NE(star.find("train.record-00001-of-00003 is missing"), std::string::npos) << star;
   EXPECT_EQ(record_files(dir + "/rec/train.record-00002-of-00003", "here").size(), 1u);
+  // The zoo's naming, the count before an extension: train2017-?????-of-00256.tfrecord.
+  for (const char* k : {"00000", "00002"})
+    fs::rename(dir + "/rec/train.record-" + k + "-of-00003", dir + "/rec/t-" + k + "-of-00003.tfrecord");
+  const std::string zoo = test::input_error_of([&] { record_files(dir + "/rec/t-?\?\?\?\?-of-00003.tfrecord", "data.yaml:3"); });
+  EXPECT_NE(zoo.find("shard " + dir + "/rec/t-00001-of-00003.tfrecord is missing (2 of 3 are there)"), std::string::npos) << zoo;
 }
 
 TEST(TfRecord, LabelMapErrorsNameTheLineAndTheFieldMeant) {

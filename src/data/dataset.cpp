@@ -34,6 +34,7 @@ const char* to_string(ProblemKind k) {
     case ProblemKind::size_mismatch: return "size mismatch";
     case ProblemKind::duplicate_box: return "duplicate box";
     case ProblemKind::zero_area_box: return "zero-area box";
+    case ProblemKind::unlisted_class: return "class not in the label map";
     case ProblemKind::missing_labels: return "missing labels";
   }
   return "?";
@@ -162,10 +163,17 @@ DataSpec data_spec_of_pipeline(const std::string& path) {
   };
   spec.splits.emplace_back("train", split(p.train, p.train_where));
   if (!p.val.empty()) spec.splits.emplace_back("val", split(p.val, p.val_where));
-  const size_t classes = read_label_map(p.label_map).size();
-  if (p.num_classes > 0 && size_t(p.num_classes) != classes)
-    throw InputError(p.num_classes_where + ": num_classes " + std::to_string(p.num_classes) + " but the label map " +
-                     p.label_map + " lists " + std::to_string(classes) + " classes; make them agree");
+  // TF's num_classes is the largest id (a class is channel id - 1; the zoo's COCO map leaves ten
+  // of its 90 ids out): one under an id would leave that class without a channel.
+  const std::vector<LabelMapItem> items = read_label_map(p.label_map);
+  const LabelMapItem& last = items.back();
+  if (p.num_classes > 0 && p.num_classes < last.id)
+    throw InputError(p.num_classes_where + ": num_classes " + std::to_string(p.num_classes) + " but the label map " + p.label_map +
+                     " has id " + std::to_string(last.id) + " (" + last.where + "); TF's num_classes is the largest id: make it at least " +
+                     std::to_string(last.id));
+  if (p.num_classes > 0 && size_t(p.num_classes) > items.size())
+    spdlog::info("{}: num_classes {} for the {} classes of {}: Headroom trains one output per listed class, in id order",
+                 p.num_classes_where, p.num_classes, items.size(), p.label_map);
   return spec;
 }
 

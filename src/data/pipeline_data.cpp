@@ -1,5 +1,6 @@
 #include "headroom/data/pipeline_data.h"
 
+#include <glob.h>
 #include <google/protobuf/io/tokenizer.h>
 
 #include <cctype>
@@ -115,9 +116,27 @@ PipelineField PipelineField::nested(const std::string& name, int index) const {
   return {file, tree ? tree->GetTreeForNested(f, f->is_repeated() ? index : -1) : nullptr, &child, path.empty() ? name : path + "." + name};
 }
 
+namespace {
+
+// A file, a glob's match or a TF checkpoint prefix (its .index) is there.
+bool names_something(const std::string& p) {
+  for (const std::string& q : {p, p + ".index"}) {
+    glob_t g{};
+    const bool found = ::glob(q.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+    ::globfree(&g);
+    if (found) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string resolve_pipeline_path(const std::string& pipeline, const std::string& p) {
   const fs::path path(p);
-  return (path.is_absolute() ? path : fs::absolute(pipeline).parent_path() / path).lexically_normal().string();
+  if (path.is_absolute()) return path.lexically_normal().string();
+  const std::string here = fs::absolute(path).lexically_normal().string();
+  if (names_something(here)) return here;
+  return (fs::absolute(pipeline).parent_path() / path).lexically_normal().string();
 }
 
 namespace {
@@ -129,9 +148,19 @@ std::vector<std::string> reader_files(const PipelineField& reader, PipelineData&
     problems.push_back(reader.line("tf_record_input_reader") + ": " + reader.path + " needs tf_record_input_reader { input_path: ... }");
     return {};
   }
+  // TF's gfile reads gs:// and other file systems; Headroom reads local files only.
+  const auto remote = [&](const std::string& p, const std::string& where) {
+    if (p.find("://") == std::string::npos) return false;
+    problems.push_back(where + ": " + p + " is on a remote file system; Headroom reads local files: copy it here (gsutil cp) and name the copy");
+    return true;
+  };
   std::vector<std::string> paths;
-  for (const auto& p : r.tf_record_input_reader().input_path()) paths.push_back(resolve_pipeline_path(*reader.file, p));
-  if (!r.label_map_path().empty()) {
+  const PipelineField records = reader.nested("tf_record_input_reader");
+  for (int i = 0; i < r.tf_record_input_reader().input_path_size(); ++i) {
+    const std::string& p = r.tf_record_input_reader().input_path(i);
+    if (!remote(p, records.line("input_path", i))) paths.push_back(resolve_pipeline_path(*reader.file, p));
+  }
+  if (!r.label_map_path().empty() && !remote(r.label_map_path(), reader.line("label_map_path"))) {
     const std::string lm = resolve_pipeline_path(*reader.file, r.label_map_path());
     if (!d.label_map.empty() && lm != d.label_map)
       problems.push_back(reader.line("label_map_path") + ": the readers name different label maps (" + d.label_map + ", " + lm +

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -158,21 +159,25 @@ std::vector<std::string> record_files(const std::string& pattern, const std::str
     throw InputError(where + ": " + pattern + " matches no TFRecord file");
   // Sharded files promise their count (name-00003-of-00010): a shard a pattern misses, because it
   // was never written or was deleted, is missing data, not a smaller data set.
-  static const std::regex kSharded(R"((.*)-([0-9]+)-of-([0-9]+)$)");
-  std::map<std::pair<std::string, size_t>, std::set<size_t>> shards;  // (name, count) -> indices present
+  // Both namings: train.record-00003-of-00010 and the zoo's train2017-00003-of-00256.tfrecord.
+  static const std::regex kSharded(R"((.*)-([0-9]+)-of-([0-9]+)(\.[^/-]*)?$)");
+  std::map<std::tuple<std::string, size_t, std::string>, std::set<size_t>> shards;  // (name, count, extension) -> indices present
   const bool globbed = pattern.find_first_of("*?[") != std::string::npos;  // one file named alone is taken as it is
   for (const std::string& file : files) {
     std::smatch m;
-    if (globbed && std::regex_match(file, m, kSharded)) shards[{m[1].str(), std::stoul(m[3].str())}].insert(std::stoul(m[2].str()));
+    if (globbed && std::regex_match(file, m, kSharded))
+      shards[{m[1].str(), std::stoul(m[3].str()), m[4].str()}].insert(std::stoul(m[2].str()));
   }
-  for (const auto& [name, present] : shards)
-    for (size_t k = 0; k < name.second; ++k)
+  for (const auto& [name, present] : shards) {
+    const auto& [prefix, count, extension] = name;
+    for (size_t k = 0; k < count; ++k)
       if (!present.count(k)) {
         char missing[48];
-        std::snprintf(missing, sizeof missing, "-%05zu-of-%05zu", k, name.second);
-        throw InputError(where + ": " + pattern + ": shard " + name.first + missing + " is missing (" +
-                         std::to_string(present.size()) + " of " + std::to_string(name.second) + " are there)");
+        std::snprintf(missing, sizeof missing, "-%05zu-of-%05zu", k, count);
+        throw InputError(where + ": " + pattern + ": shard " + prefix + missing + extension + " is missing (" +
+                         std::to_string(present.size()) + " of " + std::to_string(count) + " are there)");
       }
+  }
   return files;
 }
 
@@ -358,22 +363,30 @@ bool object_lists_agree(const ObjectLists& l, const RecordClasses& classes, bool
   return true;
 }
 
-// Object i's Headroom class, by its class text or its label id; -1 (problem reported) when neither maps.
+// Object i's Headroom class, by its class text or its label id; -1 (problem reported) when neither
+// maps: a class the label map leaves out drops the object, an id past data YAML names the image.
 int object_class(const ObjectLists& l, size_t i, bool use_text, const RecordClasses& classes, const std::string& obj,
                  const std::string& where, Decoded& d) {
   if (use_text) {
     const auto it = std::find(classes.texts.begin(), classes.texts.end(), l.texts[i]);
     if (it == classes.texts.end() || l.texts[i].empty()) {
-      report(d, where, ProblemKind::bad_label, obj + "class '" + l.texts[i] + "' is not in the label map", true);
+      // TF looks the text up as -1 and filter_unrecognized_classes drops the object, not the image
+      // (a label map of a few of the records' classes trains on those).
+      report(d, where, ProblemKind::unlisted_class, obj + "class '" + l.texts[i] + "' is not in the label map: dropped", false);
       return -1;
     }
     return int(it - classes.texts.begin()) / 2;
   }
   const auto it = std::find(classes.ids.begin(), classes.ids.end(), l.labels[i]);
-  if (it == classes.ids.end()) {
-    const std::string known = classes.by_text ? "label map ids" : "ids 1.." + std::to_string(classes.ids.size()) + " of names";
+  if (it == classes.ids.end() && classes.by_text) {  // as an unlisted text: the label map chose the classes
+    report(d, where, ProblemKind::unlisted_class, obj + "class id " + std::to_string(l.labels[i]) + " is not in the label map: dropped",
+           false);
+    return -1;
+  }
+  if (it == classes.ids.end()) {  // names are ids 1..n: an id past them is a wrong label, as in a YOLO file
     report(d, where, ProblemKind::bad_label, obj + "class id " + std::to_string(l.labels[i]) + " is not one of the " +
-                                                 std::to_string(classes.ids.size()) + " classes (" + known + ")",
+                                                 std::to_string(classes.ids.size()) + " classes (ids 1.." +
+                                                 std::to_string(classes.ids.size()) + " of names)",
            true);
     return -1;
   }

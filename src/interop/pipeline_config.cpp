@@ -376,7 +376,10 @@ void map_optimizer(const At& train, const tf::TrainConfig& t, Mapper& m) {
 
 // fine_tune_checkpoint: the TF2 checkpoint to start from and how much of it to restore.
 void map_fine_tune_checkpoint(const At& train, const tf::TrainConfig& t, Mapper& m) {
-  if (!t.fine_tune_checkpoint().empty()) {
+  if (t.fine_tune_checkpoint().find("://") != std::string::npos) {
+    m.problem(train.line("fine_tune_checkpoint"), t.fine_tune_checkpoint() + " is on a remote file system; Headroom reads local files: "
+              "copy the checkpoint's .index and .data files here (gsutil cp) and name the copy");
+  } else if (!t.fine_tune_checkpoint().empty()) {
     const std::string path = data::resolve_pipeline_path(*train.file, t.fine_tune_checkpoint());
     m.set("model.init_from", Json(path).dump(), train.line("fine_tune_checkpoint"),
           "fine_tune_checkpoint (a TF2 checkpoint prefix; the model is the checkpoint's Hourglass)");

@@ -41,6 +41,7 @@ enum class ProblemKind {
   size_mismatch,      // COCO width/height differ from the image file
   duplicate_box,      // dropped, the image is kept
   zero_area_box,      // dropped, the image is kept
+  unlisted_class,     // TFRecords: an object whose class/text the label map does not list; dropped, the image is kept
   missing_labels,     // YOLO layout: not one image of the split has a label file (every image would be background)
 };
 const char* to_string(ProblemKind k);

@@ -46,8 +46,9 @@ struct PipelineField {
   std::string name(const std::string& field_name) const { return path.empty() ? field_name : path + "." + field_name; }
 };
 
-// A path the pipeline names, resolved against the pipeline's folder (the TF scripts are usually
-// run from there).
+// A path the pipeline names. TF opens it as written, against the working directory
+// (model_main_tf2.py run from the project folder reads annotations/train.record there); where
+// nothing is there, it is resolved against the pipeline's folder (a pipeline beside its data).
 std::string resolve_pipeline_path(const std::string& pipeline, const std::string& p);
 
 struct PipelineData {
