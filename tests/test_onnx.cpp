@@ -71,6 +71,22 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
     export_onnx(*w.model, w.info, fp32, OnnxExportOptions().imgsz(imgsz).dynamic(true));
     export_onnx(*w.model, w.info, fp16, OnnxExportOptions().imgsz(imgsz).dynamic(true).half(true));
     const auto got = run_onnx(fp32, x), half = run_onnx(fp16, x);
+    // The static graph (the export's default): its grids and anchors are constants, not shapes.
+    const std::string fixed = dir + "/" + name + ".static.onnx";
+    export_onnx(*w.model, w.info, fixed, OnnxExportOptions().imgsz(imgsz).batch(x.size(0)));
+    for (const auto& [out, ours] : run_onnx(fixed, x)) {
+      const double scale = std::max(1.0, want.at(out).abs().max().item<double>());
+      double e = max_abs(ours, want.at(out));
+      if (w.model->info().end2end) {  // ties take either order (above)
+        const auto [scores, boxes] = detections_gap(ours, want.at(out));
+        e = std::max(scores, boxes.back());
+      }
+      EXPECT_LT(e, out == "heatmap" ? 1e-2 : 2e-4 * scale) << name << " " << out << " static";
+    }
+    onnx::ModelProto fixed_proto;
+    ASSERT_TRUE(fixed_proto.ParseFromString(test::read_bytes(fixed)));
+    for (const auto& p : fixed_proto.metadata_props())  // what Ultralytics' runtimes pad the input to
+      if (p.key() == "stride") EXPECT_EQ(p.value(), std::to_string(w.model->info().input_multiple)) << name;
     // Another height than the export's, and not square: the head's grids follow the input.
     const int64_t multiple = w.model->info().input_multiple, taller = (imgsz / multiple + 1) * multiple;
     const at::Tensor first = x.narrow(0, 0, 1), tall = at::cat({first, first.narrow(2, 0, taller - imgsz)}, 2);  // [1, 3, taller, S]

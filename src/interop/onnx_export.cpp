@@ -573,7 +573,9 @@ std::string names_dict_literal(const std::vector<std::string>& class_names) {
 }
 
 void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo& info, int64_t B, int64_t imgsz) {
-  const int64_t stride = *std::max_element(di.strides.begin(), di.strides.end());
+  // Ultralytics' runtimes pad an image to a multiple of `stride`: the input's multiple (a
+  // CenterNet Hourglass needs 128, its output stride being 4), the largest stride for a YOLO.
+  const int64_t stride = std::max(di.input_multiple, *std::max_element(di.strides.begin(), di.strides.end()));
   for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
            {"description", "Headroom " + m.graph().name() + " (" + di.family + " head)"},
            {"author", "Headroom"},
