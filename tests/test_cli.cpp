@@ -309,10 +309,11 @@ TEST(Cli, UltralyticsWeightsTrainPredictAndExport) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--dynamic is an ONNX option"), std::string::npos) << r.output;
   r = test::run_trainer("export --weights " + pt + " --format safetensors --out " + dir + "/nodir/m.safetensors");
-  EXPECT_EQ(r.exit_code, 1) << r.output;  // the folder is named, not the temporary file
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // the folder is named, not the temporary file, before the import's work
   EXPECT_NE(r.output.find(dir + "/nodir/m.safetensors: cannot create it: its folder " + dir + "/nodir does not exist"),
             std::string::npos)
       << r.output;
+  EXPECT_EQ(r.output.find("tensors matched"), std::string::npos) << r.output;
   r = test::run_trainer("export --weights " + dir + "/m.safetensors --format safetensors");  // beside it, same name: refused
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is the input weights file"), std::string::npos) << r.output;

@@ -1,6 +1,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "headroom/core/files.h"
 #include "headroom/core/logging.h"
 #include "headroom/interop/onnx_export.h"
 #include "headroom/interop/weights_import.h"
@@ -42,10 +43,11 @@ void add_export_command(CLI::App& app, int& exit_code) {
       for (const char* onnx_only : {"--dynamic", "--imgsz", "--batch", "--max-det", "--end2end"})
         if (cmd->get_option(onnx_only)->count() > 0)
           throw InputError(std::string(onnx_only) + " is an ONNX option; a safetensors export holds the weights only (drop it, or --format onnx)");
-    models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
     const std::string target = out.empty() ? fs::path(weights).replace_extension("." + format).string() : out;
     std::error_code ec;
     if (fs::equivalent(target, weights, ec)) throw InputError(target + ": is the input weights file; choose another --out");
+    check_output_file(target);  // before the import and the graph, which a missing folder would waste
+    models::LoadedWeights w = interop::load_any_weights(weights, c10::Device(c10::kCPU));
     if (format == "onnx")
       interop::export_onnx(*w.model, w.info, target, interop::OnnxExportOptions().imgsz(imgsz).batch(batch).dynamic(dynamic).half(half).max_det(max_det).end2end(end2end));
     else

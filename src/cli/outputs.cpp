@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "headroom/core/files.h"
 #include "headroom/data/dataset.h"
 
 namespace headroom::cli {
@@ -30,6 +31,7 @@ bool inside(const fs::path& p, const fs::path& dir) {
 
 void check_output_path(const std::string& out, const std::string& flag, const std::string& config_path, const Config& c,
                        const data::Split* split) {
+  check_output_file(out);
   const fs::path o = resolved(out), lexical = fs::absolute(out).lexically_normal();
   const auto refuse = [&](const std::string& what) {
     throw InputError(flag + " " + out + " is " + what + ", an input of this command: writing there would replace it; give another path");

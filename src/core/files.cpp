@@ -78,18 +78,25 @@ std::string temporary_path(const std::string& target) {
       .string();
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temporary_path(path_)) {
-  const fs::path target(path_);
+void check_output_file(const std::string& path) {
+  const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
-  if (fs::is_directory(target, ec)) throw InputError(path_ + ": a folder is there; give a file name");
+  if (fs::is_directory(target, ec)) throw InputError(path + ": a folder is there; give a file name");
+  if (!fs::is_directory(dir, ec))
+    throw InputError(path + ": cannot create it: its folder " + dir.string() + " does not exist (create it, or write elsewhere)");
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temporary_path(path_)) {
+  check_output_file(path_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd_ < 0) {
     const int err = errno;
     tmp_.clear();
-    if (!fs::is_directory(dir, ec))
-      throw Error(path_ + ": cannot create it: its folder " + dir.string() + " does not exist (create it, or write elsewhere)");
-    throw Error(path_ + ": cannot create it in " + dir.string() + ": " + std::strerror(err));
+    check_output_file(path_);  // the folder may have gone since
+    const fs::path target(path_);
+    throw Error(path_ + ": cannot create it in " + (target.has_parent_path() ? target.parent_path() : fs::path(".")).string() + ": " +
+                std::strerror(err));
   }
 }
 

@@ -26,6 +26,10 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// InputError when the folder `path` would be written into is not there or `path` is a folder:
+// a command checks its output before the work whose result it would lose.
+void check_output_file(const std::string& path);
+
 // This machine's host name ("" when it has none).
 std::string host_name();
 
