@@ -206,6 +206,25 @@ TEST(Pipeline, TheOdApisSchedulesAndOptimizersRunAsTfRunsThem) {
   EXPECT_EQ(sgd.train.ema_ramp, "tf");  // TF's ExponentialMovingAverage ramps up as (1 + t) / (10 + t)
   EXPECT_EQ(sgd.train.amp, "bf16");
   EXPECT_DOUBLE_EQ(sgd.train.clip_grad, 5.0);
+  // The optimizer keeps an average that eval does not use: noted with eval's line, or with the
+  // optimizer's where eval's is TF's default, false (the user's pipeline, without an average,
+  // agrees with it).
+  const auto average_notes = [](const std::string& path) {
+    std::vector<std::string> found;
+    for (const std::string& n : interop::read_pipeline_config(path).notes)
+      if (n.find("use_moving_averages") != std::string::npos) found.push_back(n);
+    return found;
+  };
+  const std::string why = " and the optimizer's use_moving_average true: Headroom validates the moving average exactly when it keeps one";
+  const std::string written = pipeline_with("pipeline-average", {kNoCheckpoint, {"use_moving_average: false", "use_moving_average: true"}});
+  const std::string by_default = pipeline_with("pipeline-average-default", {kNoCheckpoint, {"use_moving_average: false", "use_moving_average: true"},
+                                                                           {"  use_moving_averages: false\n", ""}});
+  EXPECT_EQ(average_notes(written), std::vector<std::string>{written + ":114: use_moving_averages false" + why});
+  const std::vector<std::string> defaulted = average_notes(by_default);
+  ASSERT_EQ(defaulted.size(), 1u);
+  EXPECT_NE(defaulted[0].find(": use_moving_averages false (TF's default)" + why), std::string::npos) << defaulted[0];
+  EXPECT_EQ(defaulted[0].find(by_default + ":114:"), std::string::npos) << defaulted[0];  // the optimizer's line
+  EXPECT_TRUE(average_notes(pipeline_with("pipeline-plain", {kNoCheckpoint})).empty());
   // TF's own refusals, with their lines.
   const std::string e = test::input_error_of([&] {
     interop::load_config_file(pipeline_with("pipeline-lr-bad", {kNoCheckpoint, {manual_block, "cosine_decay_learning_rate {\n learning_rate_base: 0.1\n total_steps: 10\n warmup_learning_rate: 0.5\n warmup_steps: 11\n }\n }\n"}}));

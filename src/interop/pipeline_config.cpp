@@ -520,8 +520,13 @@ PipelineConfig read_pipeline_config(const std::string& path) {
     if (e.metrics_set(i) != "coco_detection_metrics")
       m.problem(eval.line("metrics_set", i), "metrics_set '" + e.metrics_set(i) + "': Headroom computes coco_detection_metrics");
   if (e.has_batch_size()) m.note(eval.line("batch_size"), "batch_size: Headroom validates in batches of train_config batch_size");
-  if (e.has_use_moving_averages() && e.use_moving_averages() != p.train_config().optimizer().use_moving_average())
-    m.note(eval.line("use_moving_averages"), "use_moving_averages: Headroom validates the moving average exactly when it keeps one");
+  // Their defaults differ (the optimizer keeps an average, eval does not use it): compared as TF reads them.
+  const bool average = p.train_config().optimizer().use_moving_average();
+  if ((p.has_eval_config() || p.eval_input_reader_size() > 0) && e.use_moving_averages() != average)
+    m.note(e.has_use_moving_averages() ? eval.line("use_moving_averages") : root.nested("train_config").nested("optimizer").line("use_moving_average"),
+           std::string("use_moving_averages ") + (e.use_moving_averages() ? "true" : "false") +
+               (e.has_use_moving_averages() ? "" : " (TF's default)") + " and the optimizer's use_moving_average " + (average ? "true" : "false") +
+               ": Headroom validates the moving average exactly when it keeps one");
   if (e.has_num_examples()) m.note(eval.line("num_examples"), "num_examples: Headroom validates the whole eval split");
   if (e.has_num_visualizations()) m.note(eval.line("num_visualizations"), "num_visualizations: Headroom draws its own plots");
   if (!p.has_eval_config() && p.eval_input_reader_size() == 0)
