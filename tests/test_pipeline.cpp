@@ -79,7 +79,10 @@ TEST(Pipeline, TheUsersPipelineMeansTheHandTranslatedConfig) {
   EXPECT_DOUBLE_EQ(p.loss.min_overlap, 0.6);
   EXPECT_EQ(p.eval.max_det, 50);
   EXPECT_EQ(p.data.dataset, fs::absolute(path).string());
-  // Paths are the pipeline folder's, not the working directory's.
+  // A field written twice takes the last value, as TF's text_format.Merge reads the file.
+  EXPECT_EQ(interop::load_config_file(pipeline_with("pipeline-twice", {kNoCheckpoint, {"  batch_size: 2\n", "  batch_size: 2\n  batch_size: 4\n"}}))
+                .train.batch, 4);
+  // Paths are the pipeline folder's where the working directory holds nothing of theirs.
   const interop::PipelineConfig pc = interop::read_pipeline_config(path);
   EXPECT_EQ(pc.data.train, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/train.record"});
   EXPECT_EQ(pc.data.val, std::vector<std::string>{fs::path(path).parent_path().string() + "/annotations/test.record"});

@@ -90,7 +90,8 @@ std::unique_ptr<PipelineText> parse_pipeline(const std::string& path) {
   parser.RecordErrorsTo(&collected);
   parser.AllowUnknownField(true);  // reported by the readers, each with its line and what to do
   parser.WriteLocationsTo(&p->tree);
-  if (!parser.ParseFromString(text, &p->config)) {
+  // Merged as TF's config_util reads it (text_format.Merge): a field written twice takes the last value.
+  if (!parser.MergeFromString(text, &p->config)) {
     const auto& e = collected.errors.empty() ? std::pair<std::string, std::string>{path, "not protobuf text"} : collected.errors.front();
     throw InputError(e.first + ": " + e.second + " (a pipeline.config is protobuf text: `model { center_net { ... } }`)");
   }
