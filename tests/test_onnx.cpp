@@ -161,6 +161,15 @@ TEST(Interop, OnnxExportHalfAndStaticBatch) {
   EXPECT_EQ(meta.at("imgsz"), "[64, 64]");
   EXPECT_EQ(meta.at("stride"), "32");
   EXPECT_EQ(meta.at("names").substr(0, 4), "{0: ");
+  // Ultralytics' AutoBackend reads `dynamic` from args (a Python literal): without it a dynamic
+  // graph is fed one export batch at a time.
+  EXPECT_EQ(meta.at("args"), "{'batch': 1, 'dynamic': False, 'half': False, 'imgsz': 64, 'nms': False}");
+  EXPECT_EQ(meta.at("channels"), "3");
+  export_onnx(*w.model, w.info, dir + "/d.onnx", OnnxExportOptions().imgsz(64).dynamic(true).half(true));
+  onnx::ModelProto d;
+  ASSERT_TRUE(d.ParseFromString(test::read_bytes(dir + "/d.onnx")));
+  for (const auto& p : d.metadata_props())
+    if (p.key() == "args") EXPECT_EQ(p.value(), "{'batch': 1, 'dynamic': True, 'half': True, 'imgsz': 64, 'nms': False}");
   EXPECT_LT(max_abs(run_onnx(dir + "/s.onnx", x).at("output0"), want), 1e-4 * want.abs().max().item<double>());
   // fp16 through and through: the scores within half precision's rounding
   const at::Tensor half = run_onnx(dir + "/h.onnx", x).at("output0");

@@ -572,7 +572,12 @@ std::string names_dict_literal(const std::vector<std::string>& class_names) {
   return names;
 }
 
-void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo& info, int64_t B, int64_t imgsz) {
+void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo& info, int64_t B, const OnnxExportOptions& o) {
+  const int64_t imgsz = o.imgsz();
+  // Ultralytics' runtimes read `dynamic` from args: without it they split a batch into the export's.
+  const auto py = [](bool b) { return std::string(b ? "True" : "False"); };
+  const std::string args = "{'batch': " + std::to_string(B) + ", 'dynamic': " + py(o.dynamic()) + ", 'half': " + py(o.half()) +
+                           ", 'imgsz': " + std::to_string(imgsz) + ", 'nms': False}";
   // Ultralytics' runtimes pad an image to a multiple of `stride`: the input's multiple (a
   // CenterNet Hourglass needs 128, its output stride being 4), the largest stride for a YOLO.
   const int64_t stride = std::max(di.input_multiple, *std::max_element(di.strides.begin(), di.strides.end()));
@@ -585,6 +590,8 @@ void add_metadata(onnx::ModelProto& m, const DetectorInfo& di, const WeightsInfo
            {"batch", std::to_string(B)},
            {"imgsz", "[" + std::to_string(imgsz) + ", " + std::to_string(imgsz) + "]"},
            {"names", names_dict_literal(info.names)},
+           {"args", args},
+           {"channels", "3"},
            {"end2end", di.end2end ? "True" : "False"},
            {"family", di.family}}) {
     auto* p = m.add_metadata_props();
@@ -633,7 +640,7 @@ void export_onnx(DetectorImpl& model, const WeightsInfo& info, const std::string
                                                                          : std::vector<std::string>{"batch", "", "anchors"};
     add_io(gp.add_output(), name, o.half(), output_dims(di, probe, name, B, o.max_det()), o.dynamic(), symbolic);
   }
-  add_metadata(m, di, info, B, o.imgsz());
+  add_metadata(m, di, info, B, o);
   check_graph(m);
   write_file_atomic(path, m.SerializeAsString());
 }
