@@ -121,7 +121,7 @@ Run build_run(Config c, c10::Device device, RunOptions o) {
   if (o.group) run_dir = o.group->broadcast_text(run_dir, "run_dir");  // rank 0's, new or resumed
   parts.run_dir = run_dir;
   parts.monitor = run.monitor;
-  parts.options.memory_usable(memory::usable_budget(run.budget, c.memory.headroom));
+  parts.options.memory_usable(memory::usable_budget(run.budget, c.memory.headroom)).memory_headroom(c.memory.headroom);
   if (o.adjust) o.adjust(parts);
   run.trainer = std::make_unique<train::Trainer>(std::move(parts));
   train::Trainer& trainer = *run.trainer;

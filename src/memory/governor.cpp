@@ -306,23 +306,24 @@ void Governor::after_validation(train::Trainer& t) {
 }
 
 // On the CPU the budget bounds the process: the growth of its other memory (the validation
-// images' RAM cache, made at the first validation) comes off the tensors' limit.
+// images' RAM cache, made at the first validation) comes off the tensors' limit, down to the
+// largest step's peak at the least. Growth the tensors cannot give (oneDNN's kernels for each new
+// batch shape grew 18 MiB of a 27 MiB test budget) would leave a limit no batch fits, and end the
+// run at its next step or validation; there the process is over its budget, and the log says so.
+// The usable share of that limit (headroom off) is below the peak: the next such step shrinks
+// the micro-batch.
 void Governor::take_growth_off(train::Trainer& t, int64_t growth, const MemoryStats& s) {
   if (!t.device().is_cpu() || o_.budget() <= 0) return;
-  if (o_.budget() - growth <= s.allocated) {
-    // The limit left would not hold even the tensors the run holds now (model, EMA, optimizer
-    // state): every allocation would fail and the next step or validation end the run, however
-    // small its batch. The growth (oneDNN's kernels for each new shape, say) is not the tensors'
-    // to give back: they keep their limit, and the log says the process is over its budget.
-    spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, leaving less of the {} budget "
-                 "than the {} of tensors it holds; the tensors keep their limit of {} and the process is over its budget: "
-                 "raise memory.budget",
-                 format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(s.allocated)),
-                 format_bytes(double(s.limit)));
-    return;
-  }
-  other_growth_ = std::max<int64_t>(0, growth);
-  const int64_t limit = o_.budget() - other_growth_;
+  growth = std::max<int64_t>(0, growth);
+  const int64_t least = std::min(o_.budget(), std::max(s.allocated, peak_so_far_));
+  const int64_t limit = std::max(o_.budget() - growth, least);
+  other_growth_ = o_.budget() - limit;
+  if (limit > o_.budget() - growth)
+    spdlog::warn("memory: the process's memory other than tensors grew by {} since training began, leaving the tensors less of "
+                 "the {} budget than their largest step's peak; they keep {} and the process is over its budget by {}: raise "
+                 "memory.budget",
+                 format_bytes(double(growth)), format_bytes(double(o_.budget())), format_bytes(double(limit)),
+                 format_bytes(double(growth - other_growth_)));
   if (limit != s.limit) {
     monitor(t).set_limit(limit);
     if (growth > 0)

@@ -384,7 +384,13 @@ void Trainer::save_checkpoint(const std::string& path, std::function<void()> the
   // own and shrink the batch. Where it does not fit or nothing says it would (no step seen: a
   // resume's first write; on CUDA also no budget), a CUDA snapshot goes to the host unstaged and
   // a CPU one is written while the training waits.
-  const int64_t bytes = archive_tensor_bytes(root), usable = options_.memory_usable();
+  // The usable share of the limit now: on the CPU the governor lowers it as the process's other
+  // memory grows, and a clone past it would fail outside any step, where nothing recovers.
+  const int64_t limit = monitor_ ? monitor_->sample().limit : 0;
+  const int64_t usable = limit > 0 && options_.memory_usable() > 0
+                             ? std::min(options_.memory_usable(), int64_t(double(limit) * (1.0 - options_.memory_headroom())))
+                             : options_.memory_usable();
+  const int64_t bytes = archive_tensor_bytes(root);
   const bool fits = device_.is_cuda() ? usable > 0 && step_peak_ > 0 && step_peak_ + bytes <= usable
                                       : usable == 0 || (step_peak_ > 0 && step_peak_ + bytes <= usable);
   if (options_.async_checkpoints() && !fits && step_peak_ > 0 && !said_sync_) {

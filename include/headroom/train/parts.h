@@ -46,6 +46,7 @@ struct TrainerOptions {
   TORCH_ARG(bool, sync_bn) = false;         // BatchNorm statistics over every rank's images
   TORCH_ARG(bool, async_checkpoints) = true;  // CheckpointWriter: a snapshot written by a thread
   TORCH_ARG(int64_t, memory_usable) = 0;    // bytes the run may hold (budget - headroom); 0 = unbounded
+  TORCH_ARG(double, memory_headroom) = 0;   // of the monitor's limit, which the governor may lower (CPU: other memory's growth)
   TORCH_ARG(bool, cudnn_benchmark) = false; // CUDA: cuDNN autotuning (process-wide, set by the trainer)
   TORCH_ARG(bool, side_stream) = true;      // CUDA: the step's input prepared on a side stream (core/stream.h)
   TORCH_ARG(GraphMode, cuda_graphs) = GraphMode::off;  // resolved (train/step_graph.h): off where steps cannot be captured
