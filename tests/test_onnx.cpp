@@ -85,8 +85,9 @@ TEST(Interop, OnnxExportRunByOnnxRuntimeEqualsTheForward) {
     }
     onnx::ModelProto fixed_proto;
     ASSERT_TRUE(fixed_proto.ParseFromString(test::read_bytes(fixed)));
-    for (const auto& p : fixed_proto.metadata_props())  // what Ultralytics' runtimes pad the input to
-      if (p.key() == "stride") EXPECT_EQ(p.value(), std::to_string(w.model->info().input_multiple)) << name;
+    std::map<std::string, std::string> meta;
+    for (const auto& p : fixed_proto.metadata_props()) meta[p.key()] = p.value();
+    EXPECT_EQ(meta["stride"], std::to_string(w.model->info().input_multiple)) << name;  // what Ultralytics' runtimes pad the input to
     // Another height than the export's, and not square: the head's grids follow the input.
     const int64_t multiple = w.model->info().input_multiple, taller = (imgsz / multiple + 1) * multiple;
     const at::Tensor first = x.narrow(0, 0, 1), tall = at::cat({first, first.narrow(2, 0, taller - imgsz)}, 2);  // [1, 3, taller, S]

@@ -333,14 +333,17 @@ TEST(Pipeline, RelativePathsAreTfsFromTheWorkingDirectory) {
   for (const char* f : {"train.record", "test.record"}) test::write_bytes(project + "/annotations/" + f, "");
   fs::create_directories(project + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint");
   test::write_bytes(project + "/pre-trained-models/centernet_hg104_512x512_coco17_tpu-8/checkpoint/ckpt-0.index", "");
-  const fs::path before = fs::current_path();
+  struct Cwd {  // the working directory back however the test ends: later tests of this binary need it
+    fs::path before = fs::current_path();
+    ~Cwd() { fs::current_path(before); }
+  } cwd;
   fs::current_path(project);
   const data::DataSpec from_project = data::read_data_yaml("models/m/pipeline.config");
   const Config c = interop::load_config_file("models/m/pipeline.config");
   test::write_bytes(project + "/beside.config", users_pipeline());  // beside annotations/, run from models/
   fs::current_path(project + "/models");
   const data::DataSpec beside = data::read_data_yaml(project + "/beside.config");
-  fs::current_path(before);
+  fs::current_path(cwd.before);
   ASSERT_EQ(from_project.splits.size(), 2u);
   EXPECT_EQ(from_project.splits[0].second.images, std::vector<std::string>{project + "/annotations/train.record"});
   EXPECT_EQ(from_project.splits[1].second.images, std::vector<std::string>{project + "/annotations/test.record"});
@@ -355,6 +358,18 @@ TEST(Pipeline, RelativePathsAreTfsFromTheWorkingDirectory) {
   const std::string e = test::input_error_of([&] { data::read_data_yaml(project + "/remote.config"); });
   EXPECT_NE(e.find(project + "/remote.config:110: gs://bucket/train.record is on a remote file system; Headroom reads local files"),
             std::string::npos) << e;
+  std::string remote_map = users_pipeline();  // both readers name it: one problem each, nothing else
+  for (size_t at = remote_map.find("annotations/label_map.pbtxt"); at != std::string::npos; at = remote_map.find("annotations/label_map.pbtxt"))
+    remote_map.replace(at, 27, "gs://b/label_map.pbtxt");
+  test::write_bytes(project + "/remote-map.config", remote_map);
+  const std::string m = test::input_error_of([&] { data::read_data_yaml(project + "/remote-map.config"); });
+  EXPECT_NE(m.find("gs://b/label_map.pbtxt is on a remote file system"), std::string::npos) << m;
+  EXPECT_EQ(m.find("no label_map_path"), std::string::npos) << m;
+  // file:// is gfile's local scheme.
+  std::string local = users_pipeline();
+  local.replace(local.find("annotations/train.record"), 24, "file://" + project + "/annotations/train.record");
+  test::write_bytes(project + "/local.config", local);
+  EXPECT_EQ(data::read_data_yaml(project + "/local.config").splits[0].second.images, std::vector<std::string>{project + "/annotations/train.record"});
 }
 
 // `config convert` writes YAML that loads to the same configuration as the pipeline itself.
@@ -437,7 +452,7 @@ TEST(Pipeline, TheUsersPipelineTrainsOnTfRecordsAndValidates) {
   test::write_bytes(dir + "/zero.config", text);
   const test::RunResult zero = test::run_trainer("--config " + dir + "/zero.config device=cpu threads=1 project=" + dir + "/runs name=zero");
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
-  EXPECT_NE(zero.output.find(dir + "/zero.config:3: num_classes 0: give the number of classes the label map lists"), std::string::npos)
+  EXPECT_NE(zero.output.find(dir + "/zero.config:3: num_classes 0: give the label map's largest id"), std::string::npos)
       << zero.output;
   EXPECT_FALSE(fs::exists(dir + "/runs/zero"));
 }

@@ -5,6 +5,7 @@
 #include "headroom/augment/augment.h"
 #include "headroom/core/device.h"
 #include "headroom/core/errors.h"
+#include "headroom/core/files.h"
 #include "headroom/core/logging.h"
 #include "headroom/core/threads.h"
 #include "headroom/data/check.h"
@@ -134,6 +135,7 @@ void add_preview(CLI::App& data, int& exit_code) {
     if (c.data.dataset.empty()) throw InputError(config_path + ": data.dataset is not set; the preview draws its train split");
     if (batches < 1) throw InputError("--batches must be at least 1");
     if (epoch < 0) throw InputError("--epoch must be 0 or more (the first epoch is 0)");
+    check_output_file(out);  // before the scan and the batches (each grid's path is held to the inputs below)
     const DeviceChoice device = resolve_device(c.device, query_cuda());
     if (!device.warning.empty()) spdlog::warn("{}", device.warning);
     const auto split = std::make_shared<const data::Split>(data::load_split(c, "train"));

@@ -121,6 +121,8 @@ namespace {
 
 // A file, a glob's match or a TF checkpoint prefix (its .index) is there.
 bool names_something(const std::string& p) {
+  std::error_code ec;
+  if (fs::exists(p, ec) || fs::exists(p + ".index", ec)) return true;  // a name with [ ] is a name first
   for (const std::string& q : {p, p + ".index"}) {
     glob_t g{};
     const bool found = ::glob(q.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
@@ -132,8 +134,10 @@ bool names_something(const std::string& p) {
 
 }  // namespace
 
+bool remote_path(const std::string& p) { return p.find("://") != std::string::npos && p.rfind("file://", 0) != 0; }
+
 std::string resolve_pipeline_path(const std::string& pipeline, const std::string& p) {
-  const fs::path path(p);
+  const fs::path path(p.rfind("file://", 0) == 0 ? p.substr(7) : p);  // gfile's local scheme
   if (path.is_absolute()) return path.lexically_normal().string();
   const std::string here = fs::absolute(path).lexically_normal().string();
   if (names_something(here)) return here;
@@ -151,7 +155,7 @@ std::vector<std::string> reader_files(const PipelineField& reader, PipelineData&
   }
   // TF's gfile reads gs:// and other file systems; Headroom reads local files only.
   const auto remote = [&](const std::string& p, const std::string& where) {
-    if (p.find("://") == std::string::npos) return false;
+    if (!remote_path(p)) return false;
     problems.push_back(where + ": " + p + " is on a remote file system; Headroom reads local files: copy it here (gsutil cp) and name the copy");
     return true;
   };
@@ -181,7 +185,7 @@ PipelineData pipeline_data(const PipelineText& p, std::vector<std::string>& prob
     d.num_classes_where = root.nested("model").nested("center_net").line("num_classes");
     if (p.config.model().center_net().has_num_classes() && d.num_classes <= 0)
       problems.push_back(d.num_classes_where + ": num_classes " + std::to_string(d.num_classes) +
-                         ": give the number of classes the label map lists (or leave it out: Headroom counts them)");
+                         ": give the label map's largest id (or leave it out: Headroom counts the classes)");
   }
   d.train = reader_files(root.nested("train_input_reader"), d, problems);
   d.train_where = root.line("train_input_reader");
@@ -189,7 +193,9 @@ PipelineData pipeline_data(const PipelineText& p, std::vector<std::string>& prob
     d.val = reader_files(root.nested("eval_input_reader", 0), d, problems);
     d.val_where = root.line("eval_input_reader", 0);
   }
-  if (d.label_map.empty())
+  const bool named = !p.config.train_input_reader().label_map_path().empty() ||
+                     (p.config.eval_input_reader_size() > 0 && !p.config.eval_input_reader(0).label_map_path().empty());
+  if (!named)  // one named remote is reported as such
     problems.push_back(root.line("train_input_reader") + ": no label_map_path in the input readers: Headroom takes the classes from the "
                        "label map");
   return d;

@@ -376,7 +376,7 @@ void map_optimizer(const At& train, const tf::TrainConfig& t, Mapper& m) {
 
 // fine_tune_checkpoint: the TF2 checkpoint to start from and how much of it to restore.
 void map_fine_tune_checkpoint(const At& train, const tf::TrainConfig& t, Mapper& m) {
-  if (t.fine_tune_checkpoint().find("://") != std::string::npos) {
+  if (data::remote_path(t.fine_tune_checkpoint())) {
     m.problem(train.line("fine_tune_checkpoint"), t.fine_tune_checkpoint() + " is on a remote file system; Headroom reads local files: "
               "copy the checkpoint's .index and .data files here (gsutil cp) and name the copy");
   } else if (!t.fine_tune_checkpoint().empty()) {

@@ -49,7 +49,10 @@ struct PipelineField {
 // A path the pipeline names. TF opens it as written, against the working directory
 // (model_main_tf2.py run from the project folder reads annotations/train.record there); where
 // nothing is there, it is resolved against the pipeline's folder (a pipeline beside its data).
+// file:// is local, as gfile reads it.
 std::string resolve_pipeline_path(const std::string& pipeline, const std::string& p);
+// A path on another file system (gs://, s3://, hdfs://): TF's gfile reads it, Headroom does not.
+bool remote_path(const std::string& p);
 
 struct PipelineData {
   std::vector<std::string> train, val;  // TFRecord files, globs, sharded names (expanded when a split is scanned)
