@@ -149,6 +149,27 @@ TEST(Dataset, EveryBadFileIsSkippedAndNamed) {
   }
 }
 
+// The log's first 20 problems are those that skip an image: 30 dropped boxes listed first hid
+// the one image left out. The rest are counted by kind.
+TEST(Dataset, TheLogNamesSkippedImagesBeforeDroppedBoxes) {
+  const std::string yaml = test::copy_of_small_synth("many-drops");
+  const fs::path root = fs::path(yaml).parent_path();
+  std::string zero_area;
+  for (int i = 0; i < 30; ++i) zero_area += "0 0.5 0.5 0 0.2\n";
+  test::write_bytes(root / "labels" / "train" / "im000000.txt", zero_area);
+  test::write_bytes(root / "images" / "train" / "im000025.jpg", "");  // the last image: its problem comes last
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const Split s = scan(yaml, "train");
+  const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  ASSERT_EQ(s.problems.size(), 31u);
+  const size_t skipped = log.find("im000025.jpg: unreadable image"), dropped = log.find("zero-area box");
+  ASSERT_NE(skipped, std::string::npos) << log;
+  EXPECT_LT(skipped, dropped) << log;
+  EXPECT_NE(log.find("... and 11 more problems in split 'train': 11 zero-area box (trainer data check lists them all)"), std::string::npos)
+      << log;
+}
+
 TEST(Dataset, FullDecodeFindsDamageTheHeaderHides) {
   const std::string yaml = test::copy_of_small_synth("decode");
   const fs::path img = fs::path(yaml).parent_path() / "images" / "train" / "im000000.jpg";

@@ -455,11 +455,22 @@ void enforce_on_error(const Split& split, const SplitSource& src, const ScanOpti
   if (o.on_error == OnError::fail && first_skip != split.problems.end())
     throw InputError(first_skip->where + ": " + first_skip->message +
                      " (data.on_error is fail; set it to skip to train without such images)");
-  for (size_t i = 0; i < split.problems.size() && i < 20; ++i)
-    spdlog::warn("{}: {}: {}", split.problems[i].where, to_string(split.problems[i].kind), split.problems[i].message);
-  if (split.problems.size() > 20)
-    spdlog::warn("... and {} more problems in split '{}' (trainer data check lists them all)",
-                 split.problems.size() - 20, split.name);
+  // Those that skip an image first: a flood of dropped boxes (a small label map over COCO's
+  // records drops one object in ten) must not hide them; the rest are counted by kind.
+  std::vector<const Problem*> order;
+  for (const Problem& p : split.problems) order.push_back(&p);
+  std::stable_partition(order.begin(), order.end(), [](const Problem* p) { return p->image_skipped; });
+  std::map<std::string, size_t> more;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (i < 20)
+      spdlog::warn("{}: {}: {}", order[i]->where, to_string(order[i]->kind), order[i]->message);
+    else
+      ++more[to_string(order[i]->kind)];
+  if (!more.empty()) {
+    std::string kinds;
+    for (const auto& [kind, n] : more) kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + kind;
+    spdlog::warn("... and {} more problems in split '{}': {} (trainer data check lists them all)", order.size() - 20, split.name, kinds);
+  }
   if (split.samples.empty())
     throw InputError(src.where + ": split '" + split.name + "' has no usable image (" +
                      std::to_string(split.listed_images) + " listed" +
