@@ -429,6 +429,33 @@ TEST(Train, AResumeFromAnOlderCheckpointKeepsTheStepFilesItWrites) {
             weights + "last.pt");
 }
 
+// A checkpoint written before the progress kept steps_per_epoch and best_is_ap: its steps are
+// renumbered from its own world's steps per epoch (counted as run_length counts them), and its
+// best is AP50-95's, compared as such until beaten.
+TEST(Train, ProgressFromBeforeItsLaterKeysLoadsAsItsRunCountedIt) {
+  const Config c = load_config("", tiny_run({"train.epochs=3", "train.val_every=0", "train.nominal_batch=4"}));
+  train::Trainer t(parts_for(c, test::temp_dir("old-progress")));
+  ASSERT_EQ(t.steps_per_epoch(), 7);  // 26 images in loader batches of 4, no accumulation
+  const Json now = t.save_progress();
+  Json old = Json::object();
+  for (const auto& [k, v] : now.members())
+    if (k != "steps_per_epoch" && k != "best_is_ap") old[k] = v;
+  // Two processes: loader batches of 8, 4 steps an epoch. Epoch 2 begins at their step 4; the
+  // best was validated at step 2, half way through epoch 1.
+  old["world"] = Json(2), old["epoch"] = Json(1), old["batch"] = Json(0), old["step"] = Json(4), old["best_step"] = Json(2);
+  old["best_fitness"] = Json(0.25), old["last_eval_step"] = Json(2);
+  t.load_progress(old);
+  EXPECT_EQ(t.state().step, 7);            // epoch 2's first step here
+  EXPECT_EQ(t.state().best_step, 3);       // half way through epoch 1: 2 of 4 -> 3 of 7
+  EXPECT_EQ(t.state().last_eval_step, 3);
+  EXPECT_TRUE(t.state().best_is_ap);
+  EXPECT_DOUBLE_EQ(t.state().best_fitness, 0.25);
+  old["best_is_ap"] = Json(false), old["steps_per_epoch"] = Json(4);  // a later checkpoint says both
+  t.load_progress(old);
+  EXPECT_FALSE(t.state().best_is_ap);
+  EXPECT_EQ(t.state().step, 7);
+}
+
 // Validation scores the model's class k as the val split's class k: splits whose category lists
 // differ (COCO files each carry their own) are refused, naming both, before anything is written.
 TEST(Train, SplitsWithOtherClassesAreRefusedBeforeTheRunDirectory) {

@@ -196,6 +196,10 @@ class Trainer {
   std::chrono::steady_clock::time_point start_time() const { return start_; }
   // The latest validation and the step it ran at (state().last_eval_step).
   const std::optional<eval::CocoStats>& last_metrics() const { return last_metrics_; }
+  // The checkpoint's "progress" entry: the cursor, the best fitness, the last validation, the
+  // precision. Loading it renumbers steps written under another steps-per-epoch.
+  Json save_progress() const;
+  void load_progress(const Json& j);
 
  private:
   std::vector<data::HostBatch> next_batches();
@@ -206,9 +210,6 @@ class Trainer {
   void apply_update();  // update's work, with the learning rates already on the device
   void run_graphed();   // the recorded parts and the update, through the StepGraph
   void register_state();
-  // The "progress" entry: the cursor, the best fitness, the last validation, the precision.
-  Json save_progress() const;
-  void load_progress(const Json& j);
   void set_amp(AmpMode m);
   // One validation pass at state().val_batch; nullopt when it ran out of memory and a hook
   // freed something (the pass runs again).
