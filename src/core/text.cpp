@@ -36,6 +36,33 @@ std::string to_lower(std::string_view s) {
 
 std::string first_line(std::string_view s) { return std::string(s.substr(0, s.find('\n'))); }
 
+std::optional<size_t> invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = uint8_t(s[i]);
+    // The sequence length and the range of its second byte (RFC 3629's table).
+    size_t n = 0;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c < 0x80) n = 1;
+    else if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) n = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) n = 3;
+    else if (c == 0xED) n = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF) n = 3;
+    else if (c == 0xF0) n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) n = 4;
+    else if (c == 0xF4) n = 4, hi = 0x8F;
+    else return i;
+    if (i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = uint8_t(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += n;
+  }
+  return std::nullopt;
+}
+
 std::string without_bom(std::string s) {
   if (s.compare(0, 3, "\xEF\xBB\xBF") == 0) s.erase(0, 3);
   return s;

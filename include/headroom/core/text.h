@@ -20,6 +20,9 @@ std::string first_line(std::string_view s);
 // `s` without a leading UTF-8 byte-order mark (Windows editors write one; protobuf's text
 // parser refuses it).
 std::string without_bom(std::string s);
+// The offset of the first byte that is not well-formed UTF-8 (a Latin-1 é, a cut sequence, an
+// overlong or surrogate form); nullopt when the whole text is UTF-8.
+std::optional<size_t> invalid_utf8_at(std::string_view s);
 // `s` with every `from` replaced by `to`.
 std::string replace_all(std::string s, std::string_view from, std::string_view to);
 
