@@ -8,7 +8,6 @@
 
 #include "headroom/core/config.h"
 #include "headroom/core/errors.h"
-#include "headroom/core/text.h"
 #include "headroom/interop/pipeline_config.h"
 #include "test_util.h"
 
@@ -123,20 +122,6 @@ TEST(Config, SyntaxErrorsAndMissingFiles) {
   EXPECT_NE(load_error(two).find(two + ": holds 2 YAML documents"), std::string::npos) << load_error(two);
   EXPECT_EQ(load_config(write_config("---\ntrain:\n  batch: 2\n")).train.batch, 2);  // one document, marked
   EXPECT_EQ(load_config(write_config("train:\n  batch: 2\n---\n")).train.batch, 2);    // a trailing --- opens an empty one
-}
-
-// Names and paths go on into JSON, ONNX metadata and file names: a file saved in Latin-1 is
-// refused at its first foreign byte, where yaml-cpp took the bytes as they came.
-TEST(Config, TextThatIsNotUtf8IsRefusedAtItsByte) {
-  EXPECT_EQ(invalid_utf8_at("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), std::nullopt);  // é, €, an emoji
-  EXPECT_EQ(invalid_utf8_at("caf\xE9"), std::optional<size_t>(3));                        // Latin-1 é
-  EXPECT_EQ(invalid_utf8_at("\xC0\xAF"), std::optional<size_t>(0));                       // overlong '/'
-  EXPECT_EQ(invalid_utf8_at("a\xED\xA0\x80"), std::optional<size_t>(1));                  // a surrogate
-  EXPECT_EQ(invalid_utf8_at("ab\xE2\x82"), std::optional<size_t>(2));                     // cut short
-  EXPECT_EQ(invalid_utf8_at("\xF4\x90\x80\x80"), std::optional<size_t>(0));              // past U+10FFFF
-  const std::string latin1 = write_config("name: r\nproject: caf\xE9\n");
-  EXPECT_NE(load_error(latin1).find(latin1 + ":2:13: the config file is not UTF-8 text (byte 0xE9; Latin-1 or another legacy encoding?): "
-                                    "save it as UTF-8"), std::string::npos) << load_error(latin1);
 }
 
 // A config given through a pipe (bash's <(...)) is read once: sniffed as a TF pipeline.config

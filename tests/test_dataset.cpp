@@ -3,7 +3,9 @@
 #include <filesystem>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/text.h"
 #include "headroom/data/dataset.h"
+#include "headroom/data/tfrecord.h"
 #include "headroom/data/image.h"
 #include "test_util.h"
 
@@ -168,6 +170,31 @@ TEST(Dataset, TheLogNamesSkippedImagesBeforeDroppedBoxes) {
   EXPECT_LT(skipped, dropped) << log;
   EXPECT_NE(log.find("... and 11 more problems in split 'train': 11 zero-area box (trainer data check lists them all)"), std::string::npos)
       << log;
+}
+
+// Class names go on into predictions, COCO JSON and ONNX metadata, which are UTF-8: a name saved
+// in Latin-1 is refused where it is read, with its place. Paths are bytes and are left alone.
+TEST(Dataset, ClassNamesThatAreNotUtf8AreRefusedWhereTheyAreRead) {
+  EXPECT_EQ(invalid_utf8_at("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), std::nullopt);  // é, €, an emoji
+  EXPECT_EQ(invalid_utf8_at("caf\xE9"), std::optional<size_t>(3));                        // Latin-1 é
+  EXPECT_EQ(invalid_utf8_at("\xC0\xAF"), std::optional<size_t>(0));                       // overlong '/'
+  EXPECT_EQ(invalid_utf8_at("a\xED\xA0\x80"), std::optional<size_t>(1));                  // a surrogate
+  EXPECT_EQ(invalid_utf8_at("ab\xE2\x82"), std::optional<size_t>(2));                     // cut short
+  EXPECT_EQ(invalid_utf8_at("\xF4\x90\x80\x80"), std::optional<size_t>(0));              // past U+10FFFF
+  const std::string dir = test::temp_dir("latin1-names");
+  test::write_bytes(dir + "/utf8.yaml", "path: .\ntrain: images\nnames: [ok, \"caf\xC3\xA9\"]\n");
+  EXPECT_EQ(read_data_yaml(dir + "/utf8.yaml").names, (std::vector<std::string>{"ok", "caf\xC3\xA9"}));
+  test::write_bytes(dir + "/latin1.yaml", "path: .\ntrain: images\nnames:\n  0: ok\n  1: caf\xE9\n");
+  std::string e = test::input_error_of([&] { read_data_yaml(dir + "/latin1.yaml"); });
+  EXPECT_NE(e.find(dir + "/latin1.yaml:5:6: class name 'caf?' is not UTF-8 text (byte 0xE9"), std::string::npos) << e;
+  EXPECT_NE(e.find("save the file as UTF-8"), std::string::npos) << e;
+  test::write_bytes(dir + "/map.pbtxt", "item {\n  id: 1\n  name: \"caf\xE9\"\n}\n");
+  e = test::input_error_of([&] { read_label_map(dir + "/map.pbtxt"); });
+  EXPECT_NE(e.find(dir + "/map.pbtxt:1: class name 'caf?' is not UTF-8 text"), std::string::npos) << e;
+  test::write_bytes(dir + "/coco.json", "{\"images\": [], \"annotations\": [],\n \"categories\": [{\"id\": 1, \"name\": \"caf\xE9\"}]}\n");
+  test::write_bytes(dir + "/coco.yaml", "path: .\ntrain: {coco: coco.json, images: .}\n");
+  e = test::input_error_of([&] { scan(dir + "/coco.yaml", "train"); });
+  EXPECT_NE(e.find(dir + "/coco.json:2: class name 'caf?' is not UTF-8 text"), std::string::npos) << e;
 }
 
 TEST(Dataset, FullDecodeFindsDamageTheHeaderHides) {

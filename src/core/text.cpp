@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "headroom/core/errors.h"
+
 namespace headroom {
 
 std::string_view trim(std::string_view s) {
@@ -61,6 +63,19 @@ std::optional<size_t> invalid_utf8_at(std::string_view s) {
     i += n;
   }
   return std::nullopt;
+}
+
+void check_class_name_utf8(const std::string& name, const std::string& where) {
+  const std::optional<size_t> bad = invalid_utf8_at(name);
+  if (!bad) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", unsigned(uint8_t(name[*bad])));
+  std::string shown = name;  // printable in the message, whatever the terminal's encoding
+  for (char& c : shown)
+    if (uint8_t(c) >= 0x80) c = '?';
+  throw InputError(where + ": class name '" + shown + "' is not UTF-8 text (byte " + byte +
+                   "; saved in Latin-1 or another legacy encoding?): results, COCO JSON and ONNX metadata carry names as UTF-8; "
+                   "save the file as UTF-8");
 }
 
 std::string without_bom(std::string s) {

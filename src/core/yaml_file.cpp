@@ -1,13 +1,11 @@
 #include "headroom/core/yaml_file.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <vector>
 
 #include "headroom/core/errors.h"
 #include "headroom/core/files.h"
-#include "headroom/core/text.h"
 
 namespace headroom {
 
@@ -22,17 +20,6 @@ YAML::Node load_yaml_file(const std::string& path, const std::string& what) {
     text = read_file(path);  // once: a pipe read again would be empty
   } catch (const InputError&) {
     throw InputError(path + ": cannot open the " + what + " (does it exist, is it readable?)");
-  }
-  // Names and paths go on into JSON, ONNX metadata and file names, which are UTF-8: a file
-  // saved in Latin-1 would carry its bytes into every one of them.
-  if (const std::optional<size_t> bad = invalid_utf8_at(text)) {
-    const size_t line_start = text.rfind('\n', *bad == 0 ? 0 : *bad - 1);
-    const size_t line = size_t(std::count(text.begin(), text.begin() + long(*bad), '\n')) + 1;
-    const size_t column = *bad - (line_start == std::string::npos || *bad == 0 ? 0 : line_start + 1) + 1;
-    char byte[8];
-    std::snprintf(byte, sizeof byte, "0x%02X", unsigned(uint8_t(text[*bad])));
-    throw InputError(format_location(path, int(line), int(column)) + ": the " + what + " is not UTF-8 text (byte " + byte +
-                     "; Latin-1 or another legacy encoding?): save it as UTF-8");
   }
   try {
     // Several documents (a second after ---) would leave all but the first unread.

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "headroom/core/errors.h"
+#include "headroom/core/text.h"
 #include "headroom/core/json.h"
 #include "headroom/data/labels.h"
 
@@ -37,6 +38,7 @@ std::unordered_map<int, int> map_categories(const Json& categories, const std::v
     if (!line_of.emplace(cid, c.line()).second)
       throw InputError(format_location(json_path, c.line()) + ": category id " + std::to_string(cid) + " is listed again (first at line " +
                        std::to_string(line_of[cid]) + "); give each category its own id");
+    check_class_name_utf8(name->as_string(), format_location(json_path, c.line()));
     cats.emplace_back(cid, name->as_string());
   }
   std::sort(cats.begin(), cats.end());

@@ -107,6 +107,7 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
   if (n.IsSequence()) {
     for (const auto& v : n) {
       if (!v.IsScalar()) throw InputError(at(file, v) + ": each class name must be a plain string");
+      check_class_name_utf8(v.Scalar(), at(file, v));
       names.push_back(v.Scalar());
     }
   } else if (n.IsMap()) {
@@ -115,6 +116,7 @@ std::vector<std::string> read_names(const std::string& file, const YAML::Node& n
       const auto id = kv.first.IsScalar() ? parse_int(kv.first.Scalar()) : std::nullopt;
       if (!id || *id < 0 || !kv.second.IsScalar())
         throw InputError(at(file, kv.first) + ": names as a map is {0: name, 1: name, ...}");
+      check_class_name_utf8(kv.second.Scalar(), at(file, kv.second));
       if (!by_id.emplace(*id, kv.second.Scalar()).second)
         throw InputError(at(file, kv.first) + ": class id " + std::to_string(*id) + " is given twice in names; give each id once");
     }

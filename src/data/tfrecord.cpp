@@ -89,6 +89,8 @@ std::vector<LabelMapItem> read_label_map(const std::string& path) {
     if (it.id() == 0) continue;
     if (!seen.insert(it.id()).second) throw InputError(at + ": id " + std::to_string(it.id()) + " appears twice");
     if (it.name().empty() && it.display_name().empty()) throw InputError(at + ": the item has neither name nor display_name");
+    check_class_name_utf8(it.name(), at);
+    check_class_name_utf8(it.display_name(), at);
     // Records name their objects' class by this text: one text for two ids would file one class's
     // objects under the other.
     for (const std::string& text : {it.name(), it.display_name()}) {

@@ -23,6 +23,9 @@ std::string without_bom(std::string s);
 // The offset of the first byte that is not well-formed UTF-8 (a Latin-1 é, a cut sequence, an
 // overlong or surrogate form); nullopt when the whole text is UTF-8.
 std::optional<size_t> invalid_utf8_at(std::string_view s);
+// InputError "where: class name 'caf?' is not UTF-8 text (byte 0xE9 ...)" for a class name that
+// would go into JSON and ONNX metadata as invalid UTF-8 (file paths are bytes and are left alone).
+void check_class_name_utf8(const std::string& name, const std::string& where);
 // `s` with every `from` replaced by `to`.
 std::string replace_all(std::string s, std::string_view from, std::string_view to);
 
